@@ -1,0 +1,144 @@
+"""Router configuration and worker descriptions.
+
+Both are frozen dataclasses that validate themselves and raise ``ValueError``
+with a message an operator can act on. Nothing here does I/O.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+PolicyName = Literal["prefix", "least_load", "round_robin", "session"]
+POLICIES: tuple[str, ...] = ("prefix", "least_load", "round_robin", "session")
+EngineKind = Literal["vllm", "trtllm", "transformers", "sim"]
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerInfo:
+    """One LLM worker the router may choose.
+
+    `name` is what the gateway shows in `X-Sluice-Worker` and what metrics are
+    labelled with: it must stay stable across restarts, so it is never an address.
+    """
+
+    name: str
+    url: str  # base URL of the worker's HTTP server, e.g. http://127.0.0.1:8100
+    models: tuple[str, ...]
+    # Tokens per KV block. None: learn it from /metrics (vLLM's cache_config_info),
+    # using `default_block_size` from RouterConfig until it is known.
+    block_size: int | None = None
+    engine: str = "vllm"
+    # vLLM ZMQ PUB address as the router must reach it. If `kv_events_bind` is
+    # true the router binds this address and the engine connects to it (vLLM
+    # connects whenever its endpoint has a concrete host instead of `*`).
+    kv_events_endpoint: str | None = None
+    kv_events_bind: bool = False
+    kv_events_replay_endpoint: str | None = None  # vLLM's ROUTER socket; always connected to
+    kv_events_topic: str = ""
+    # TRT-LLM: poll `<url>/kv_cache_events` instead of ZMQ.
+    trtllm_events: bool = False
+    # KV capacity in blocks, for approximate mode (no events). None: learn it
+    # from /metrics (num_gpu_blocks) or use RouterConfig.approx_capacity_blocks.
+    capacity_blocks: int | None = None
+
+    def __post_init__(self) -> None:
+        if not self.name or any(c.isspace() for c in self.name):
+            raise ValueError(f"worker name must be non-empty without spaces, got {self.name!r}")
+        if not self.url.startswith(("http://", "https://")):
+            raise ValueError(f"worker {self.name}: url must start with http:// or https://, got {self.url!r}")
+        if not self.models or any(not m for m in self.models):
+            raise ValueError(f"worker {self.name}: models must list at least one non-empty model id")
+        if self.block_size is not None and self.block_size < 1:
+            raise ValueError(f"worker {self.name}: block_size must be >= 1, got {self.block_size}")
+        if self.capacity_blocks is not None and self.capacity_blocks < 1:
+            raise ValueError(f"worker {self.name}: capacity_blocks must be >= 1")
+        if self.kv_events_endpoint is not None and self.trtllm_events:
+            raise ValueError(f"worker {self.name}: choose ZMQ kv events or TRT-LLM polling, not both")
+        if self.kv_events_bind and self.kv_events_endpoint is None:
+            raise ValueError(f"worker {self.name}: kv_events_bind needs kv_events_endpoint")
+
+    @property
+    def has_events(self) -> bool:
+        """True when the index gets exact updates for this worker."""
+        return self.kv_events_endpoint is not None or self.trtllm_events
+
+
+@dataclass(frozen=True, slots=True)
+class CostWeights:
+    """Weights of the `prefix` cost, in token-equivalents of prefill work.
+
+    cost = prefill * uncached_prompt_tokens
+         + queued_prefill * queued_prefill_tokens
+         + request * requests (in flight, or running+waiting scraped, whichever is larger)
+         + kv_usage * kv_cache_usage (0..1)
+    """
+
+    prefill: float = 1.0
+    queued_prefill: float = 1.0
+    # A running request slows every batch step on the worker; 64 tokens of
+    # prefill per concurrent request keeps affinity unless load is clearly uneven.
+    request: float = 64.0
+    # Full KV cache means the prefix we hope for is about to be evicted.
+    kv_usage: float = 512.0
+
+    def __post_init__(self) -> None:
+        for name in ("prefill", "queued_prefill", "request", "kv_usage"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"cost weight {name} must be >= 0")
+
+
+@dataclass(frozen=True, slots=True)
+class RouterConfig:
+    """Everything the router needs to decide; one per gateway."""
+
+    policy: str = "prefix"
+    weights: CostWeights = field(default_factory=CostWeights)
+    default_block_size: int = 128  # vLLM on CPU; GPU vLLM uses 16
+    # Index bounds: each worker keeps at most this many blocks (LRU beyond it).
+    max_blocks_per_worker: int = 262_144
+    # Speculative entries cover the gap before KV events arrive.
+    speculative_ttl_s: float = 30.0
+    # Approximate mode (no events): entries live this long unless evicted by the
+    # modelled LRU capacity.
+    approx_ttl_s: float = 3600.0
+    approx_capacity_blocks: int = 4096
+    # Health and circuit breaking.
+    health_interval_s: float = 5.0
+    health_timeout_s: float = 2.0
+    unhealthy_after_failures: int = 2
+    breaker_failures: int = 3
+    breaker_cooldown_s: float = 10.0
+    breaker_max_cooldown_s: float = 120.0
+    # Load scraping from /metrics; 0 disables it.
+    scrape_interval_s: float = 2.0
+    scrape_timeout_s: float = 2.0
+    # Scraped values older than this are ignored (worker stopped answering).
+    scrape_stale_s: float = 10.0
+    # KV events.
+    trtllm_poll_interval_s: float = 0.5
+    replay_timeout_s: float = 2.0
+    # Closed loop: accuracy is computed over the last N finished requests.
+    accuracy_window: int = 1000
+    session_header: str = "x-session-id"
+
+    def __post_init__(self) -> None:
+        if self.policy not in POLICIES:
+            raise ValueError(f"unknown routing policy {self.policy!r}; choose one of {', '.join(POLICIES)}")
+        if self.default_block_size < 1:
+            raise ValueError("default_block_size must be >= 1")
+        if self.max_blocks_per_worker < 1 or self.approx_capacity_blocks < 1:
+            raise ValueError("max_blocks_per_worker and approx_capacity_blocks must be >= 1")
+        for name in ("speculative_ttl_s", "approx_ttl_s", "health_interval_s", "health_timeout_s",
+                     "breaker_cooldown_s", "scrape_timeout_s", "scrape_stale_s",
+                     "trtllm_poll_interval_s", "replay_timeout_s"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be > 0")
+        if self.scrape_interval_s < 0:
+            raise ValueError("scrape_interval_s must be >= 0 (0 disables scraping)")
+        if self.breaker_max_cooldown_s < self.breaker_cooldown_s:
+            raise ValueError("breaker_max_cooldown_s must be >= breaker_cooldown_s")
+        if self.breaker_failures < 1 or self.unhealthy_after_failures < 1:
+            raise ValueError("breaker_failures and unhealthy_after_failures must be >= 1")
+        if self.accuracy_window < 1:
+            raise ValueError("accuracy_window must be >= 1")

@@ -1,0 +1,116 @@
+"""Worker health: active checks, a circuit breaker, and drain mode.
+
+A worker is *available* for new requests when it is not draining, its active
+health check passes, and its breaker lets a request through. The state
+machines here are pure (time is passed in); `check_health` is the one I/O step.
+Not thread-safe: one event loop owns them.
+
+Breaker states::
+
+    closed --N consecutive failures--> open --cooldown--> half_open
+    half_open --probe succeeds--> closed
+    half_open --probe fails-----> open (cooldown doubles, up to a maximum)
+"""
+
+from __future__ import annotations
+
+import enum
+
+import httpx
+
+
+class BreakerState(enum.IntEnum):
+    # Values are exported as the `sluice_router_worker_breaker_state` gauge.
+    CLOSED = 0
+    HALF_OPEN = 1
+    OPEN = 2
+
+
+class CircuitBreaker:
+    """Counts consecutive request failures of one worker."""
+
+    def __init__(self, failure_threshold: int, cooldown_s: float, max_cooldown_s: float) -> None:
+        if failure_threshold < 1:
+            raise ValueError("failure_threshold must be >= 1")
+        if cooldown_s <= 0 or max_cooldown_s < cooldown_s:
+            raise ValueError("need 0 < cooldown_s <= max_cooldown_s")
+        self._threshold = failure_threshold
+        self._base_cooldown_s = cooldown_s
+        self._max_cooldown_s = max_cooldown_s
+        self._state = BreakerState.CLOSED
+        self._failures = 0
+        self._opened_at = 0.0
+        self._cooldown_s = cooldown_s
+        self._probe_in_flight = False
+
+    def state(self, now: float) -> BreakerState:
+        """Current state; an open breaker whose cooldown has passed becomes half-open here."""
+        if self._state is BreakerState.OPEN and now - self._opened_at >= self._cooldown_s:
+            self._state = BreakerState.HALF_OPEN
+            self._probe_in_flight = False
+        return self._state
+
+    def allows(self, now: float) -> bool:
+        """May a new request go to this worker? Half-open admits one probe at a time."""
+        st = self.state(now)
+        if st is BreakerState.CLOSED:
+            return True
+        return st is BreakerState.HALF_OPEN and not self._probe_in_flight
+
+    def on_dispatch(self, now: float) -> None:
+        """A request was sent; in half-open it becomes the probe."""
+        if self.state(now) is BreakerState.HALF_OPEN:
+            self._probe_in_flight = True
+
+    def record_success(self) -> None:
+        self._state = BreakerState.CLOSED
+        self._failures = 0
+        self._cooldown_s = self._base_cooldown_s
+        self._probe_in_flight = False
+
+    def record_failure(self, now: float) -> None:
+        st = self.state(now)
+        self._failures += 1
+        if st is BreakerState.HALF_OPEN:
+            self._open(now, min(self._cooldown_s * 2, self._max_cooldown_s))
+        elif st is BreakerState.CLOSED and self._failures >= self._threshold:
+            self._open(now, self._base_cooldown_s)
+
+    def _open(self, now: float, cooldown_s: float) -> None:
+        self._state = BreakerState.OPEN
+        self._opened_at = now
+        self._cooldown_s = cooldown_s
+        self._probe_in_flight = False
+
+
+class WorkerHealth:
+    """Active-check status, drain flag and breaker of one worker."""
+
+    def __init__(self, unhealthy_after_failures: int, breaker: CircuitBreaker) -> None:
+        self._unhealthy_after = unhealthy_after_failures
+        self.breaker = breaker
+        self.healthy = True  # optimistic until a check says otherwise
+        self.draining = False
+        self._check_failures = 0
+
+    def record_check(self, ok: bool) -> None:
+        """Result of one active check: one success heals, N failures in a row mark unhealthy."""
+        if ok:
+            self._check_failures = 0
+            self.healthy = True
+        else:
+            self._check_failures += 1
+            if self._check_failures >= self._unhealthy_after:
+                self.healthy = False
+
+    def available(self, now: float) -> bool:
+        return not self.draining and self.healthy and self.breaker.allows(now)
+
+
+async def check_health(client: httpx.AsyncClient, base_url: str, timeout_s: float) -> bool:
+    """GET `<base_url>/health`; True on a 2xx answer within the timeout. Never raises for I/O."""
+    try:
+        resp = await client.get(base_url.rstrip("/") + "/health", timeout=timeout_s)
+    except httpx.HTTPError:
+        return False
+    return resp.is_success

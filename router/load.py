@@ -1,0 +1,158 @@
+"""Per-worker load: what the gateway has in flight plus what the worker reports.
+
+Two sources, merged into one :class:`LoadSnapshot` per worker:
+
+* the gateway's own bookkeeping (exact and instant): requests in flight, and
+  prefill tokens queued (dispatched, no first token yet), fed by the router's
+  dispatch / first-token / finish hooks; other gateway replicas' counts arrive
+  through Redis (`set_remote`);
+* the worker's Prometheus `/metrics` (covers traffic from elsewhere, but is as
+  old as the scrape interval): running and waiting requests, KV-cache usage,
+  and the cache config (block size, number of blocks).
+
+`LoadTracker` and `parse_vllm_metrics` are pure; `scrape_metrics` is the thin
+async I/O step. Not thread-safe: one event loop owns a tracker.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+
+@dataclass(frozen=True, slots=True)
+class ScrapedMetrics:
+    running: int | None = None
+    waiting: int | None = None
+    kv_usage: float | None = None  # fraction 0..1
+    block_size: int | None = None
+    num_gpu_blocks: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class LoadSnapshot:
+    in_flight: int = 0  # this replica + others (via Redis)
+    queued_prefill_tokens: int = 0  # uncached prompt tokens still waiting for their first token
+    running: int | None = None  # scraped; None when unknown or stale
+    waiting: int | None = None
+    kv_usage: float | None = None
+
+    @property
+    def requests(self) -> int:
+        """Best estimate of concurrent requests on the worker."""
+        scraped = (self.running or 0) + (self.waiting or 0)
+        return max(self.in_flight, scraped)
+
+
+@dataclass(slots=True)
+class _Req:
+    worker: str
+    prefill_tokens: int
+    first_token: bool = False
+
+
+class LoadTracker:
+    """Gateway-side load bookkeeping; every method is O(1) and never raises on unknown ids."""
+
+    def __init__(self, stale_after_s: float) -> None:
+        self._stale_after_s = stale_after_s
+        self._reqs: dict[str, _Req] = {}
+        self._in_flight: dict[str, int] = {}
+        self._queued: dict[str, int] = {}
+        self._scraped: dict[str, tuple[float, ScrapedMetrics]] = {}
+        self._remote: dict[str, tuple[int, int]] = {}
+
+    def dispatch(self, worker: str, request_id: str, prefill_tokens: int) -> None:
+        """A request was sent to `worker`; `prefill_tokens` is its predicted uncached prompt."""
+        if request_id in self._reqs:
+            self.finish(request_id)  # a retry re-dispatches the same id
+        self._reqs[request_id] = _Req(worker, max(0, prefill_tokens))
+        self._in_flight[worker] = self._in_flight.get(worker, 0) + 1
+        self._queued[worker] = self._queued.get(worker, 0) + max(0, prefill_tokens)
+
+    def first_token(self, request_id: str) -> None:
+        r = self._reqs.get(request_id)
+        if r is None or r.first_token:
+            return
+        r.first_token = True
+        self._queued[r.worker] -= r.prefill_tokens
+
+    def finish(self, request_id: str) -> str | None:
+        """Release the request; returns the worker it was on (None if unknown)."""
+        r = self._reqs.pop(request_id, None)
+        if r is None:
+            return None
+        if not r.first_token:
+            self._queued[r.worker] -= r.prefill_tokens
+        self._in_flight[r.worker] -= 1
+        return r.worker
+
+    def worker_of(self, request_id: str) -> str | None:
+        r = self._reqs.get(request_id)
+        return None if r is None else r.worker
+
+    def set_scraped(self, worker: str, metrics: ScrapedMetrics, now: float) -> None:
+        self._scraped[worker] = (now, metrics)
+
+    def set_remote(self, worker: str, in_flight: int, queued_prefill_tokens: int) -> None:
+        """Other replicas' totals for `worker` (replaces the previous value)."""
+        self._remote[worker] = (max(0, in_flight), max(0, queued_prefill_tokens))
+
+    def local(self, worker: str) -> tuple[int, int]:
+        """This replica's (in_flight, queued_prefill_tokens), for publishing."""
+        return self._in_flight.get(worker, 0), self._queued.get(worker, 0)
+
+    def forget(self, worker: str) -> None:
+        for d in (self._scraped, self._remote):
+            d.pop(worker, None)
+
+    def snapshot(self, worker: str, now: float) -> LoadSnapshot:
+        rin, rq = self._remote.get(worker, (0, 0))
+        scraped = self._scraped.get(worker)
+        m = scraped[1] if scraped and now - scraped[0] <= self._stale_after_s else ScrapedMetrics()
+        return LoadSnapshot(self._in_flight.get(worker, 0) + rin, self._queued.get(worker, 0) + rq,
+                            m.running, m.waiting, m.kv_usage)
+
+
+def parse_vllm_metrics(text: str) -> ScrapedMetrics:
+    """Parse vLLM's Prometheus exposition. Sums across engines/DP ranks; unknown lines are ignored.
+
+    Raises ValueError on text that is not Prometheus exposition format.
+    """
+    sums: dict[str, float] = {}
+    block_size = num_blocks = None
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            if s.name in ("vllm:num_requests_running", "vllm:num_requests_waiting"):
+                sums[s.name] = sums.get(s.name, 0.0) + s.value
+            elif s.name in ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"):
+                sums["usage"] = max(sums.get("usage", 0.0), s.value)
+            elif s.name == "vllm:cache_config_info":
+                block_size = _int_label(s.labels, "block_size") or block_size
+                num_blocks = _int_label(s.labels, "num_gpu_blocks") or num_blocks
+    running = sums.get("vllm:num_requests_running")
+    waiting = sums.get("vllm:num_requests_waiting")
+    return ScrapedMetrics(
+        running=None if running is None else int(running),
+        waiting=None if waiting is None else int(waiting),
+        kv_usage=sums.get("usage"),
+        block_size=block_size,
+        num_gpu_blocks=num_blocks,
+    )
+
+
+def _int_label(labels: dict[str, str], key: str) -> int | None:
+    try:
+        v = int(labels[key])
+    except (KeyError, ValueError):
+        return None
+    return v if v > 0 else None
+
+
+async def scrape_metrics(client: httpx.AsyncClient, base_url: str, timeout_s: float) -> ScrapedMetrics:
+    """GET `<base_url>/metrics` and parse it. Raises httpx.HTTPError or ValueError."""
+    resp = await client.get(base_url.rstrip("/") + "/metrics", timeout=timeout_s)
+    resp.raise_for_status()
+    return parse_vllm_metrics(resp.text)
