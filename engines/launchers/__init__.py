@@ -1,0 +1,91 @@
+"""`sluice worker --engine vllm|trtllm`: start an engine server with Sluice's settings.
+
+API for the CLI: `add_worker_arguments(parser)` then `run_worker(args)` (args.engine
+in {"vllm", "trtllm"}). `run_worker` blocks until the engine exits or we get
+SIGTERM/SIGINT, and returns the exit code:
+0 after a requested stop, the engine's code if it died, 1 if it never became
+healthy or could not be registered.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import re
+import tempfile
+from pathlib import Path
+
+import httpx
+
+from engines.launchers import registration, trtllm, vllm
+from engines.launchers.process import EngineProcess, StopSignal
+from engines.launchers.spec import ENGINES, WorkerSpec, add_worker_arguments, spec_from_args
+
+log = logging.getLogger(__name__)
+
+__all__ = ["ENGINES", "WorkerSpec", "add_worker_arguments", "run_worker", "spec_from_args"]
+
+_BLOCK_SIZE_RE = re.compile(r'vllm:cache_config_info\{[^}]*block_size="(\d+)"')
+
+
+def run_worker(args: argparse.Namespace) -> int:
+    """Launch, supervise and (with --gateway) register one worker; see the module docstring."""
+    spec = spec_from_args(args)
+    with tempfile.TemporaryDirectory(prefix="sluice-worker-") as scratch, StopSignal() as stop:
+        proc = _spawn(spec, Path(scratch))
+        if not proc.wait_healthy(f"{spec.url}/health", spec.startup_timeout_s, stop.event):
+            code = proc.poll()
+            log.error("worker %s did not become healthy (exit code %s)", spec.worker_name, code)
+            proc.stop(spec.stop_timeout_s)
+            return 0 if stop.event.is_set() else (code or 1)
+        log.info("worker %s serving %s at %s", spec.worker_name, spec.served_model_name, spec.url)
+        registered = False
+        try:
+            if spec.gateway:
+                registration.register(spec.gateway, _record(spec))
+                registered = True
+            while proc.poll() is None and not stop.event.wait(1.0):
+                pass
+        except RuntimeError as exc:
+            log.error("%s", exc)
+            proc.stop(spec.stop_timeout_s)
+            return 1
+        finally:
+            if registered and spec.gateway:
+                registration.deregister(spec.gateway, spec.worker_name)
+        died = proc.poll()
+        proc.stop(spec.stop_timeout_s)
+        if died is not None:
+            log.error("engine exited on its own with code %d", died)
+            return died or 1
+        return 0
+
+
+def _spawn(spec: WorkerSpec, scratch: Path) -> EngineProcess:
+    if spec.engine == "vllm":
+        python = vllm.resolve_python(spec.python)
+        launch = vllm.build_vllm_launch(spec, python, cpu=vllm.is_cpu_build(python))
+        return EngineProcess(launch.argv, launch.env)
+    options = trtllm.write_options(spec, scratch)
+    return EngineProcess(trtllm.build_trtllm_argv(spec, options))
+
+
+def _record(spec: WorkerSpec) -> dict[str, object]:
+    if spec.engine == "vllm":
+        events, replay = vllm.kv_endpoints(spec)
+        block_size = _vllm_block_size(spec.url)
+    else:
+        events, replay = trtllm.kv_endpoints(spec)
+        block_size = trtllm.DEFAULT_TOKENS_PER_BLOCK
+    return registration.worker_record(name=spec.worker_name, url=spec.url, models=[spec.served_model_name],
+                                      engine=spec.engine, block_size=block_size, kv_events_endpoint=events,
+                                      kv_events_replay_endpoint=replay)
+
+
+def _vllm_block_size(url: str) -> int | None:
+    """The KV block size vLLM reports (128 on CPU, 16 by default on GPU)."""
+    try:
+        match = _BLOCK_SIZE_RE.search(httpx.get(f"{url}/metrics", timeout=10.0).text)
+    except httpx.HTTPError:
+        return None
+    return int(match.group(1)) if match else None

