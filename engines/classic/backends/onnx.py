@@ -1,0 +1,59 @@
+"""onnxruntime backend: one CPU InferenceSession per model instance."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+from tritonclient.grpc import model_config_pb2 as mc
+
+from engines.classic.backends.base import StackedBackend
+from engines.classic.errors import ConfigError
+
+
+class OnnxBackend(StackedBackend):
+    def __init__(self, config: mc.ModelConfig, version_dir: Path) -> None:
+        super().__init__(config)
+        from engines.classic.backends import model_file
+
+        try:
+            import onnxruntime as ort
+        except ImportError:
+            raise ConfigError("backend 'onnxruntime' needs the onnxruntime package (pip install onnxruntime)") from None
+        path = model_file(config, version_dir, "model.onnx")
+        options = ort.SessionOptions()
+        # Instances run concurrently; give each a small thread pool instead of all cores.
+        options.intra_op_num_threads = _int_param(config, "intra_op_thread_count", 1)
+        options.inter_op_num_threads = 1
+        try:
+            self._session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+        except Exception as exc:
+            raise ConfigError(f"{path}: onnxruntime cannot load the model: {exc}") from None
+        source = version_dir.parent / "config.pbtxt"
+        session_inputs = {i.name for i in self._session.get_inputs()}
+        session_outputs = {o.name for o in self._session.get_outputs()}
+        for tensor in config.input:
+            if tensor.name not in session_inputs:
+                raise ConfigError(f"{source}: field 'input': '{tensor.name}' is not an input of {path.name} "
+                                  f"(model inputs: {sorted(session_inputs)})")
+        for tensor in config.output:
+            if tensor.name not in session_outputs:
+                raise ConfigError(f"{source}: field 'output': '{tensor.name}' is not an output of {path.name} "
+                                  f"(model outputs: {sorted(session_outputs)})")
+        self._output_names = [t.name for t in config.output]
+
+    def run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        values = self._session.run(self._output_names, inputs)
+        return dict(zip(self._output_names, values))
+
+    def close(self) -> None:
+        self._session = None  # type: ignore[assignment]
+
+
+def _int_param(config: mc.ModelConfig, key: str, default: int) -> int:
+    if key in config.parameters:
+        try:
+            return max(0, int(config.parameters[key].string_value))
+        except ValueError:
+            raise ConfigError(f"config.pbtxt: field 'parameters.{key}': must be an integer") from None
+    return default

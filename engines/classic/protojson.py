@@ -1,0 +1,44 @@
+"""Protobuf -> JSON dicts in Triton's style: snake_case names, 64-bit integers as numbers.
+
+`json_format` writes int64 as strings ("dims": ["4"]); Triton's JSON (and the
+model_config a Triton python model reads) has numbers, so we convert back.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from google.protobuf import json_format
+from google.protobuf.descriptor import Descriptor, FieldDescriptor
+from google.protobuf.message import Message
+
+_INT64 = {FieldDescriptor.TYPE_INT64, FieldDescriptor.TYPE_UINT64, FieldDescriptor.TYPE_SINT64,
+          FieldDescriptor.TYPE_FIXED64, FieldDescriptor.TYPE_SFIXED64}
+
+
+def message_to_dict(message: Message) -> dict[str, Any]:
+    data = json_format.MessageToDict(message, preserving_proto_field_name=True)
+    return _fix(message.DESCRIPTOR, data)
+
+
+def _fix(desc: Descriptor, data: dict[str, Any]) -> dict[str, Any]:
+    for key, value in data.items():
+        field = desc.fields_by_name.get(key)
+        if field is None:
+            continue
+        if field.message_type is not None and field.message_type.GetOptions().map_entry:
+            value_field = field.message_type.fields_by_name["value"]
+            data[key] = {k: _convert(value_field, v) for k, v in value.items()}
+        elif field.label == FieldDescriptor.LABEL_REPEATED:
+            data[key] = [_convert(field, v) for v in value]
+        else:
+            data[key] = _convert(field, value)
+    return data
+
+
+def _convert(field: FieldDescriptor, value: Any) -> Any:
+    if field.message_type is not None and isinstance(value, dict):
+        return _fix(field.message_type, value)
+    if field.type in _INT64 and isinstance(value, str):
+        return int(value)
+    return value

@@ -1,0 +1,75 @@
+"""The on-disk model repository: model directories, version selection, change detection, uploads."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from tritonclient.grpc import model_config_pb2 as mc
+
+from engines.classic.errors import ConfigError, invalid
+
+
+def model_dirs(repo_dir: Path) -> dict[str, Path]:
+    """Every non-hidden subdirectory of the repository, by model name."""
+    if not repo_dir.is_dir():
+        return {}
+    return {p.name: p for p in sorted(repo_dir.iterdir()) if p.is_dir() and not p.name.startswith((".", "_"))}
+
+
+def available_versions(model_dir: Path) -> list[int]:
+    return sorted(int(p.name) for p in model_dir.iterdir() if p.is_dir() and p.name.isdigit() and int(p.name) > 0)
+
+
+def select_versions(config: mc.ModelConfig, model_dir: Path) -> list[int]:
+    """Apply version_policy (latest N by default, all, or specific) to the version directories."""
+    source = model_dir / "config.pbtxt"
+    found = available_versions(model_dir)
+    policy = config.version_policy
+    which = policy.WhichOneof("policy_choice")
+    if which == "all":
+        chosen = found
+    elif which == "specific":
+        missing = [v for v in policy.specific.versions if v not in found]
+        if missing:
+            raise ConfigError(f"{source}: field 'version_policy.specific.versions': version(s) {missing} have "
+                              f"no directory under {model_dir}")
+        chosen = sorted(policy.specific.versions)
+    else:
+        count = policy.latest.num_versions if which == "latest" else 1
+        if count < 1:
+            raise ConfigError(f"{source}: field 'version_policy.latest.num_versions': must be >= 1")
+        chosen = found[-count:]
+    if not chosen:
+        raise ConfigError(f"{source}: at least one version must be available under the version policy of model "
+                          f"'{model_dir.name}' (no numeric version directory found)")
+    return chosen
+
+
+def fingerprint(model_dir: Path) -> tuple[tuple[str, int, int], ...]:
+    """(relative path, mtime_ns, size) of every file: poll mode reloads a model when this changes."""
+    entries = []
+    for root, dirs, files in os.walk(model_dir):
+        dirs[:] = [d for d in dirs if d != "__pycache__"]
+        for name in files:
+            path = Path(root) / name
+            try:
+                st = path.stat()
+            except OSError:
+                continue
+            entries.append((str(path.relative_to(model_dir)), st.st_mtime_ns, st.st_size))
+    return tuple(sorted(entries))
+
+
+def write_model_files(model_dir: Path, files: dict[str, bytes]) -> None:
+    """Write `file:<relpath>` load parameters, refusing any path outside `model_dir`."""
+    root = model_dir.resolve()
+    targets = {}
+    for rel, content in files.items():
+        target = (root / rel).resolve()
+        if not rel or os.path.isabs(rel) or not target.is_relative_to(root) or target == root:
+            raise invalid(f"file parameter 'file:{rel}' must name a path inside the model directory")
+        targets[target] = content
+    for target, content in targets.items():
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(content)

@@ -1,0 +1,95 @@
+"""The internal request of the classic path and its validation against a model config."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Hashable
+
+import numpy as np
+from tritonclient.grpc import model_config_pb2 as mc
+
+from engines.classic.config import tensor_wire_type
+from engines.classic.dtypes import as_bytes_array, numpy_to_wire
+from engines.classic.errors import invalid
+
+
+@dataclass(slots=True)
+class InferRequest:
+    """One inference on one model version, with inputs already decoded to numpy.
+
+    BYTES tensors are object arrays of `bytes`. `outputs` None means every output
+    of the model. `batch_size` and `batch_key` are filled by `validate_request`.
+    """
+
+    model: str
+    version: str
+    inputs: dict[str, np.ndarray]
+    outputs: list[str] | None = None
+    priority: int = 0
+    timeout_us: int = 0
+    request_id: str = ""
+    parameters: dict[str, Any] = field(default_factory=dict)
+    batch_size: int = 1
+    batch_key: Hashable = ()
+
+
+def validate_request(config: mc.ModelConfig, request: InferRequest) -> None:
+    """Check names, dtypes and shapes against the config; set batch_size and batch_key.
+
+    Raises InferError(INVALID_ARG) with Triton-style messages. BYTES inputs given
+    as str/bytes arrays are normalised to object arrays of bytes in place.
+    """
+    name = config.name
+    declared = {t.name: t for t in config.input}
+    for input_name in request.inputs:
+        if input_name not in declared:
+            raise invalid(f"unexpected inference input '{input_name}' for model '{name}'")
+    missing = [n for n, t in declared.items() if n not in request.inputs and not t.optional]
+    if missing:
+        raise invalid(f"expected {len(declared)} inputs but got {len(request.inputs)} inputs for model "
+                      f"'{name}'; missing {missing}")
+    batch_sizes = set()
+    key: list[tuple[str, tuple[int, ...]]] = []
+    for input_name, array in request.inputs.items():
+        tensor = declared[input_name]
+        array = _check_dtype(name, tensor, array)
+        request.inputs[input_name] = array
+        _check_shape(config, tensor, array.shape)
+        if config.max_batch_size > 0:
+            batch_sizes.add(int(array.shape[0]))
+            if not tensor.allow_ragged_batch:
+                key.append((input_name, tuple(array.shape[1:])))
+    if len(batch_sizes) > 1:
+        raise invalid(f"inputs of model '{name}' disagree on the batch size: {sorted(batch_sizes)}")
+    request.batch_size = batch_sizes.pop() if batch_sizes else 1
+    if config.max_batch_size > 0 and request.batch_size > config.max_batch_size:
+        raise invalid(f"inference request batch-size must be <= {config.max_batch_size} for '{name}'")
+    request.batch_key = tuple(sorted(key))
+    if request.outputs is not None:
+        known = {t.name for t in config.output}
+        for out in request.outputs:
+            if out not in known:
+                raise invalid(f"unexpected inference output '{out}' for model '{name}'")
+
+
+def _check_dtype(model: str, tensor: mc.ModelInput, array: np.ndarray) -> np.ndarray:
+    want = tensor_wire_type(tensor)
+    try:
+        got = numpy_to_wire(array.dtype)
+    except ValueError:
+        got = str(array.dtype)
+    if got != want:
+        raise invalid(f"inference input '{tensor.name}' data-type is '{got}', but model '{model}' "
+                      f"expects '{want}'")
+    return as_bytes_array(array) if want == "BYTES" else array
+
+
+def _check_shape(config: mc.ModelConfig, tensor: mc.ModelInput, shape: tuple[int, ...]) -> None:
+    dims = list(tensor.dims)
+    full = ([-1] + dims) if config.max_batch_size > 0 else dims
+    ok = len(shape) == len(full) and all(d == -1 or d == s for d, s in zip(full, shape))
+    if config.max_batch_size > 0 and len(shape) >= 1 and shape[0] < 1:
+        ok = False
+    if not ok:
+        raise invalid(f"unexpected shape for input '{tensor.name}' for model '{config.name}'. Expected "
+                      f"{full}, got {list(shape)}")
