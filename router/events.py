@@ -138,16 +138,17 @@ def decode_vllm_batch(payload: bytes) -> EventBatch:
     return EventBatch(float(ts), decoded, rank)
 
 
-def decode_trtllm_events(body: Any) -> list[tuple[int, KVEvent | int]]:
-    """TRT-LLM `/kv_cache_events` JSON -> [(event_id, event)].
+def decode_trtllm_events(body: Any) -> list[tuple[int, KVEvent | int | None]]:
+    """TRT-LLM `/kv_cache_events` JSON -> [(event_id, item)] in order.
 
-    A ``created`` event yields its primary-level capacity in blocks (an int)
-    instead of an event; ``updated`` events (priority or cache-level changes)
-    are dropped. Secondary-level (offloaded) stores are marked medium "CPU".
+    An item is an event; for ``created``, its primary-level capacity in blocks
+    (an int); None for events we do not use (``updated``: priority or cache
+    level changes), kept so that event-id gap detection stays right.
+    Secondary-level (offloaded) stores are marked medium "CPU".
     """
     if not isinstance(body, list):
         raise EventDecodeError("kv_cache_events body must be a JSON list")
-    out: list[tuple[int, KVEvent | int]] = []
+    out: list[tuple[int, KVEvent | int | None]] = []
     for item in body:
         if not isinstance(item, dict) or not isinstance(item.get("data"), dict):
             raise EventDecodeError("each kv cache event needs an object 'data'")
@@ -157,17 +158,21 @@ def decode_trtllm_events(body: Any) -> list[tuple[int, KVEvent | int]]:
             levels = data.get("num_blocks_per_cache_level") or []
             if levels:
                 out.append((eid, int(levels[0])))
+            else:
+                out.append((eid, None))
         elif kind == "stored":
-            out.extend((eid, ev) for ev in _trtllm_stored(data))
+            out.append((eid, _trtllm_stored(data)))
         elif kind == "removed":
             out.append((eid, BlockRemoved(tuple(_hash(h) for h in data.get("block_hashes", ())))))
+        else:
+            out.append((eid, None))
     return out
 
 
-def _trtllm_stored(data: dict[str, Any]) -> list[BlockStored]:
+def _trtllm_stored(data: dict[str, Any]) -> BlockStored | None:
     blocks = data.get("blocks") or []
     if not blocks:
-        return []
+        return None
     parent = data.get("parent_hash")
     tokens: list[int] = []
     hashes: list[EngineHash] = []
@@ -182,9 +187,9 @@ def _trtllm_stored(data: dict[str, Any]) -> list[BlockStored]:
         hashes.append(_hash(b["block_hash"]))
         tokens.extend(int(t["token_id"]) for t in toks)
     if not hashes or size == 0:
-        return []
-    return [BlockStored(tuple(hashes), None if parent is None else _hash(parent), tuple(tokens), size,
-                        medium="GPU" if level == 0 else "CPU")]
+        return None
+    return BlockStored(tuple(hashes), None if parent is None else _hash(parent), tuple(tokens), size,
+                       medium="GPU" if level == 0 else "CPU")
 
 
 @dataclass(slots=True)

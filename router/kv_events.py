@@ -1,0 +1,215 @@
+"""KV-event transports: vLLM's ZMQ publisher and TRT-LLM's `/kv_cache_events`.
+
+Thin async drivers. Decoding and index updates live in `router.events`; these
+classes only move bytes, keep sequence numbers straight and count.
+
+vLLM (``--kv-events-config``) sends multipart ``[topic, seq, payload]`` on a
+PUB socket: ``seq`` is an 8-byte big-endian counter starting at 0, ``payload``
+a msgpack EventBatch. The PUB side binds when its endpoint has a ``*`` (then
+we connect) and connects otherwise (then we must bind). Missed batches can be
+asked for on the replay ROUTER socket: send ``[b"", start_seq]`` from a DEALER
+and read ``[b"", seq, payload]`` frames until ``seq == -1``.
+
+TRT-LLM's ``trtllm-serve`` answers ``POST /kv_cache_events`` with the events
+queued since the last call (a destructive drain) as a JSON list; ids are
+consecutive, and there is no replay, so a gap means starting over.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import httpx
+import zmq
+import zmq.asyncio
+
+from router.events import EventBatch, EventDecodeError, KVEvent, decode_trtllm_events, decode_vllm_batch
+
+log = logging.getLogger(__name__)
+_END_SEQ = -1
+
+
+@dataclass(slots=True)
+class SubscriberStats:
+    batches: int = 0
+    events: int = 0
+    gaps: int = 0
+    replays: int = 0  # gaps fully filled by replay
+    replay_failures: int = 0  # gaps we could not fill: exact entries were dropped
+    restarts: int = 0  # sequence went back to 0: the engine restarted
+    decode_errors: int = 0
+    lag_s: float = 0.0  # receive wall time minus engine publish time, last batch
+    last_seq: int | None = None
+
+
+class ZmqEventSubscriber:
+    """Receives one worker's vLLM event batches in order.
+
+    `on_batch(batch)` is called for every batch in sequence order (replayed
+    ones included); `on_reset()` when continuity is lost and the worker's exact
+    index entries can no longer be trusted; `on_gap(filled)` after each
+    sequence gap, with whether replay filled it. All run on the event loop
+    that runs :meth:`run` and must not block.
+    """
+
+    def __init__(self, worker: str, endpoint: str, *, bind: bool, on_batch: Callable[[EventBatch], None],
+                 on_reset: Callable[[], None], on_gap: Callable[[bool], None] | None = None,
+                 replay_endpoint: str | None = None, topic: str = "",
+                 replay_timeout_s: float = 2.0, ctx: zmq.asyncio.Context | None = None) -> None:
+        self.worker = worker
+        self.stats = SubscriberStats()
+        self._on_batch = on_batch
+        self._on_reset = on_reset
+        self._on_gap = on_gap or (lambda filled: None)
+        self._replay_endpoint = replay_endpoint
+        self._replay_timeout_ms = int(replay_timeout_s * 1000)
+        self._ctx = ctx or zmq.asyncio.Context.instance()
+        self._sub = self._ctx.socket(zmq.SUB)
+        self._sub.setsockopt(zmq.SUBSCRIBE, topic.encode())
+        self._sub.setsockopt(zmq.LINGER, 0)
+        if bind:
+            self._sub.bind(endpoint)
+        else:
+            self._sub.connect(endpoint)
+        # With "tcp://127.0.0.1:*" the OS picked the port; tell the caller which.
+        self.endpoint: str = self._sub.getsockopt_string(zmq.LAST_ENDPOINT) if bind else endpoint
+
+    async def run(self) -> None:
+        """Receive until cancelled. Never raises for bad input; closes the socket on exit."""
+        try:
+            while True:
+                frames = await self._sub.recv_multipart()
+                await self._handle(frames)
+        finally:
+            self._sub.close(linger=0)
+
+    async def _handle(self, frames: list[bytes]) -> None:
+        if len(frames) != 3 or len(frames[1]) != 8:
+            self.stats.decode_errors += 1
+            return
+        seq = int.from_bytes(frames[1], "big", signed=True)
+        last = self.stats.last_seq
+        if last is not None and seq <= last:
+            if seq != 0:
+                return  # duplicate, e.g. already applied by a replay
+            self.stats.restarts += 1
+            self._on_reset()
+        elif last is not None and seq > last + 1:
+            self.stats.gaps += 1
+            filled = await self._replay(last + 1, seq)
+            if filled:
+                self.stats.replays += 1
+            else:
+                self.stats.replay_failures += 1
+                self._on_reset()
+            self._on_gap(filled)
+        self._deliver(seq, frames[2])
+
+    def _deliver(self, seq: int, payload: bytes) -> None:
+        self.stats.last_seq = seq
+        try:
+            batch = decode_vllm_batch(payload)
+        except EventDecodeError as e:
+            self.stats.decode_errors += 1
+            log.warning("kv events from %s: undecodable batch %d: %s", self.worker, seq, e)
+            return
+        self.stats.batches += 1
+        self.stats.events += len(batch.events)
+        self.stats.lag_s = max(0.0, time.time() - batch.ts)
+        self._on_batch(batch)
+
+    async def _replay(self, start: int, stop: int) -> bool:
+        """Ask for batches [start, stop) and deliver them; True if none is missing."""
+        if self._replay_endpoint is None:
+            return False
+        dealer = self._ctx.socket(zmq.DEALER)
+        dealer.setsockopt(zmq.LINGER, 0)
+        # A fresh socket per replay: a late answer to a timed-out request can never
+        # be mistaken for the answer to the next one.
+        try:
+            dealer.connect(self._replay_endpoint)
+            await dealer.send_multipart([b"", start.to_bytes(8, "big")])
+            expected = start
+            while True:
+                if not await dealer.poll(self._replay_timeout_ms):
+                    return False
+                frames = await dealer.recv_multipart()
+                if len(frames) != 3:
+                    return False
+                seq = int.from_bytes(frames[1], "big", signed=True)
+                if seq == _END_SEQ:
+                    return expected >= stop
+                if seq < expected or seq >= stop:
+                    continue  # older than asked, or the live stream will bring it
+                if seq > expected:
+                    return False  # the engine's replay buffer no longer has what we need
+                self._deliver(seq, frames[2])
+                expected = seq + 1
+        finally:
+            dealer.close(linger=0)
+
+
+TrtllmItem = tuple[int, "KVEvent | int | None"]
+
+
+class TrtllmEventPoller:
+    """Drains one TRT-LLM worker's `/kv_cache_events` every `interval_s`.
+
+    `on_items(items)` receives decoded (event_id, item) pairs in order;
+    `on_reset()` and `on_gap(False)` are called after an event-id gap
+    (TRT-LLM has no replay).
+    """
+
+    def __init__(self, worker: str, base_url: str, client: httpx.AsyncClient, *, interval_s: float,
+                 timeout_s: float, on_items: Callable[[list[TrtllmItem]], None],
+                 on_reset: Callable[[], None], on_gap: Callable[[bool], None] | None = None) -> None:
+        self.worker = worker
+        self.stats = SubscriberStats()
+        self._url = base_url.rstrip("/") + "/kv_cache_events"
+        self._client = client
+        self._interval_s = interval_s
+        self._timeout_s = timeout_s
+        self._on_items = on_items
+        self._on_reset = on_reset
+        self._on_gap = on_gap or (lambda filled: None)
+        self._method = "POST"  # trtllm-serve registers POST; some builds answer GET only
+
+    async def poll_once(self) -> int:
+        """One drain; returns how many events arrived. Raises httpx.HTTPError, EventDecodeError."""
+        resp = await self._client.request(self._method, self._url, timeout=self._timeout_s)
+        if resp.status_code == 405:
+            self._method = "GET" if self._method == "POST" else "POST"
+            resp = await self._client.request(self._method, self._url, timeout=self._timeout_s)
+        resp.raise_for_status()
+        items = decode_trtllm_events(resp.json())
+        if not items:
+            return 0
+        last = self.stats.last_seq
+        first = items[0][0]
+        if last is not None and first > last + 1:
+            self.stats.gaps += 1
+            self.stats.replay_failures += 1
+            self._on_reset()
+            self._on_gap(False)
+        elif last is not None and first <= last and first == 0:
+            self.stats.restarts += 1
+            self._on_reset()
+        self.stats.last_seq = items[-1][0]
+        self.stats.batches += 1
+        self.stats.events += len(items)
+        self._on_items(items)
+        return len(items)
+
+    async def run(self) -> None:
+        """Poll until cancelled; I/O and decode errors are logged and retried next interval."""
+        while True:
+            try:
+                await self.poll_once()
+            except (httpx.HTTPError, EventDecodeError, ValueError) as e:
+                self.stats.decode_errors += 1
+                log.debug("kv events from %s: %s", self.worker, e)
+            await asyncio.sleep(self._interval_s)

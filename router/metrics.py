@@ -1,0 +1,77 @@
+"""Router metrics, registered on the registry the gateway owns.
+
+All names start with ``sluice_router_``. Per-worker series are labelled with
+the worker's stable name and removed when the worker is removed.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+_TOKEN_BUCKETS = (0, 16, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
+
+
+class RouterMetrics:
+    """Prometheus series plus the rolling closed-loop accuracy window."""
+
+    def __init__(self, registry: CollectorRegistry, accuracy_window: int) -> None:
+        r = registry
+        self.decisions = Counter("sluice_router_decisions", "Routing decisions by policy and reason",
+                                 ["policy", "reason"], registry=r)
+        self.predicted_tokens = Counter("sluice_router_predicted_cached_tokens",
+                                        "Cached prompt tokens the router predicted", registry=r)
+        self.reported_tokens = Counter("sluice_router_reported_cached_tokens",
+                                       "Cached prompt tokens the engines reported", registry=r)
+        self.prediction_error = Histogram("sluice_router_cached_tokens_abs_error",
+                                          "|predicted - reported| cached tokens per request",
+                                          buckets=_TOKEN_BUCKETS, registry=r)
+        self.predictions = Counter("sluice_router_predictions",
+                                   "Finished requests by prediction outcome "
+                                   "(within_block, over, under)", ["outcome"], registry=r)
+        self.accuracy = Gauge("sluice_router_prediction_accuracy",
+                              "Fraction of recent requests whose predicted cached tokens were within "
+                              "one block of the engine's report", registry=r)
+        self.healthy = Gauge("sluice_router_worker_healthy", "1 if the worker takes new requests",
+                             ["worker"], registry=r)
+        self.breaker = Gauge("sluice_router_worker_breaker_state", "0 closed, 1 half-open, 2 open",
+                             ["worker"], registry=r)
+        self.in_flight = Gauge("sluice_router_worker_in_flight", "Requests in flight from this gateway",
+                               ["worker"], registry=r)
+        self.index_blocks = Gauge("sluice_router_index_blocks", "Blocks indexed for the worker",
+                                  ["worker"], registry=r)
+        self.kv_events = Counter("sluice_router_kv_events", "KV events applied", ["worker"], registry=r)
+        self.kv_gaps = Counter("sluice_router_kv_event_gaps", "KV event sequence gaps seen",
+                               ["worker"], registry=r)
+        self.kv_replays = Counter("sluice_router_kv_event_replays", "KV event replays that filled a gap",
+                                  ["worker"], registry=r)
+        self.kv_lag = Gauge("sluice_router_kv_event_lag_seconds",
+                            "Receive time minus engine publish time of the last KV event batch",
+                            ["worker"], registry=r)
+        self.redis_up = Gauge("sluice_router_redis_connected", "1 while shared state in Redis is reachable",
+                              registry=r)
+        self._window: deque[bool] = deque(maxlen=accuracy_window)
+
+    def observe_prediction(self, predicted: int, reported: int, block_size: int) -> None:
+        """One finished request with an engine-reported cached token count."""
+        self.predicted_tokens.inc(predicted)
+        self.reported_tokens.inc(reported)
+        err = predicted - reported
+        self.prediction_error.observe(abs(err))
+        within = abs(err) <= block_size
+        self.predictions.labels("within_block" if within else ("over" if err > 0 else "under")).inc()
+        self._window.append(within)
+        self.accuracy.set(sum(self._window) / len(self._window))
+
+    @property
+    def accuracy_value(self) -> float | None:
+        return sum(self._window) / len(self._window) if self._window else None
+
+    def forget_worker(self, worker: str) -> None:
+        for g in (self.healthy, self.breaker, self.in_flight, self.index_blocks, self.kv_events,
+                  self.kv_gaps, self.kv_replays, self.kv_lag):
+            try:
+                g.remove(worker)
+            except KeyError:
+                pass

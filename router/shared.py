@@ -1,0 +1,51 @@
+"""The seam between a router and state shared with other gateway replicas.
+
+The router never waits on shared state: it routes on its local index and
+load, pushes its own changes through the non-blocking ``publish_*`` calls, and
+receives other replicas' changes through the :class:`ReplicaSink` methods. An
+implementation therefore only has to be *eventually* consistent, and a
+replica keeps routing while the backend is down.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Protocol
+
+
+class ReplicaSink(Protocol):
+    """What a shared-state backend may call on the local router (same event loop)."""
+
+    def apply_remote_store(self, worker: str, hashes: Sequence[int], ttl_s: float | None) -> None:
+        """Another replica saw `worker` store `hashes`; ttl None means exact."""
+
+    def apply_remote_remove(self, worker: str, hashes: Sequence[int]) -> None: ...
+
+    def apply_remote_clear(self, worker: str, exact_only: bool) -> None: ...
+
+    def set_remote_load(self, worker: str, in_flight: int, queued_prefill_tokens: int) -> None:
+        """Sum over the *other* replicas; replaces the previous value."""
+
+    def local_entries(self, worker: str) -> Iterable[tuple[int, float | None]]:
+        """(hash, remaining ttl_s or None for exact) of the local index, for a resync push."""
+
+    def local_loads(self) -> dict[str, tuple[int, int]]:
+        """This replica's (in_flight, queued_prefill_tokens) per worker."""
+
+    def worker_names(self) -> list[str]: ...
+
+
+class SharedState(Protocol):
+    """A backend (Redis) that spreads index and load changes between replicas."""
+
+    async def start(self, sink: ReplicaSink) -> None:
+        """Begin syncing; must return even when the backend is unreachable."""
+
+    async def stop(self) -> None: ...
+
+    def publish_store(self, worker: str, hashes: Sequence[int], ttl_s: float | None) -> None:
+        """Queue a store; never blocks, never raises for backend trouble."""
+
+    def publish_remove(self, worker: str, hashes: Sequence[int]) -> None: ...
+
+    def publish_clear(self, worker: str, exact_only: bool) -> None: ...

@@ -1,0 +1,55 @@
+"""Results the router hands to the gateway."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from router.health import BreakerState
+from router.policies import Candidate
+
+
+class NoWorkerError(LookupError):
+    """No registered, non-draining worker serves the requested model."""
+
+
+@dataclass(frozen=True, slots=True)
+class Ranking:
+    """Workers for one request, best first.
+
+    Pass it back to :meth:`router.Router.on_dispatch` with the worker actually
+    tried; on a failure before the first byte, try the next candidate.
+    """
+
+    model: str
+    policy: str
+    prompt_tokens: int
+    candidates: tuple[Candidate, ...]
+    # Block-hash chain of the prompt per block size; used at dispatch to add
+    # speculative index entries without hashing the prompt again.
+    chains: Mapping[int, tuple[int, ...]] = field(repr=False, default_factory=dict)
+
+    @property
+    def best(self) -> Candidate:
+        return self.candidates[0]
+
+    def candidate(self, worker: str) -> Candidate | None:
+        return next((c for c in self.candidates if c.worker == worker), None)
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerStatus:
+    """A point-in-time view of one worker, for admin endpoints and logs."""
+
+    name: str
+    url: str
+    models: tuple[str, ...]
+    engine: str
+    block_size: int
+    healthy: bool
+    draining: bool
+    breaker: BreakerState
+    in_flight: int
+    queued_prefill_tokens: int
+    index_blocks: int
+    kv_events: bool
