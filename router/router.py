@@ -75,6 +75,7 @@ class Router:
         self._workers: dict[str, _Worker] = {}
         self._dispatches: dict[str, _Dispatch] = {}
         self._rr_turn = 0
+        self._event_fed: set[str] = set()  # workers whose events this replica applied itself
         self._drivers: object | None = None  # router.drivers.Drivers while started
 
     # -- workers -------------------------------------------------------------
@@ -100,6 +101,7 @@ class Router:
         if self._drivers is not None:
             self._drivers.stop_worker(name)  # type: ignore[attr-defined]
         self._index.remove_worker(name)
+        self._event_fed.discard(name)
         self._load.forget(name)
         self.metrics.forget_worker(name)
 
@@ -216,6 +218,7 @@ class Router:
         if w is None:
             return
         n = 0
+        self._event_fed.add(worker)
         for ev in events:
             n += 1
             if isinstance(ev, BlockRemoved):
@@ -268,6 +271,8 @@ class Router:
             self.metrics.breaker.labels(name).set(int(w.health.breaker.state(now)))
             self.metrics.in_flight.labels(name).set(self._load.local(name)[0])
             self.metrics.index_blocks.labels(name).set(self._index.size(name))
+        if self._shared is not None:
+            self.metrics.redis_up.set(1 if getattr(self._shared, "connected", False) else 0)
 
     def prune(self) -> int:
         """Drop expired speculative entries; returns how many."""
@@ -300,6 +305,9 @@ class Router:
 
     def worker_names(self) -> list[str]:
         return list(self._workers)
+
+    def event_workers(self) -> set[str]:
+        return self._event_fed & set(self._workers)
 
     # -- lifecycle -------------------------------------------------------------
     async def start(self) -> None:

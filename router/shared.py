@@ -34,6 +34,9 @@ class ReplicaSink(Protocol):
 
     def worker_names(self) -> list[str]: ...
 
+    def event_workers(self) -> set[str]:
+        """Workers whose KV events this replica has applied itself (it may vouch for their exact entries)."""
+
 
 class SharedState(Protocol):
     """A backend (Redis) that spreads index and load changes between replicas."""

@@ -1,0 +1,295 @@
+"""Routing state shared between gateway replicas through Redis.
+
+Local first: each replica routes on its own in-memory index and load and
+never waits on Redis. This module spreads changes in the background:
+
+* ``{prefix}:ops`` -- a stream of index operations (store, remove, clear),
+  each tagged with the replica that made it; every replica tails it and
+  applies the others' operations;
+* ``{prefix}:blocks:{worker}`` -- a sorted set per worker, hash -> expiry
+  (wall-clock seconds, ``+inf`` for exact entries): the snapshot a replica
+  loads when it (re)connects, since the stream is trimmed;
+* ``{prefix}:load:{replica}`` -- a hash worker -> "in_flight queued_tokens"
+  with a short TTL, and ``{prefix}:replicas``, a sorted set of heartbeats, so
+  replicas add each other's in-flight load and a dead replica's load expires.
+
+When Redis goes away, operations queue in a bounded outbox and routing goes
+on with the local view. When it returns (possibly empty, after a restart),
+the replica flushes its outbox, pushes its local entries (exact ones only for
+workers whose events it ingests itself, so it never resurrects entries another
+replica has since removed) and reloads the snapshots.
+
+The class runs on one event loop; `publish_*` are synchronous and never block.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import time
+import uuid
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgpack
+import redis.asyncio as aioredis
+from redis.backoff import NoBackoff
+from redis.exceptions import RedisError
+from redis.retry import Retry
+
+from router.shared import ReplicaSink
+
+log = logging.getLogger(__name__)
+_STORE, _REMOVE, _CLEAR = "s", "r", "c"
+
+
+@dataclass(frozen=True, slots=True)
+class RedisStateConfig:
+    url: str = "redis://127.0.0.1:6379/0"
+    prefix: str = "sluice:router"
+    replica_id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
+    flush_interval_s: float = 0.02
+    load_interval_s: float = 1.0
+    load_ttl_s: float = 5.0  # a replica silent this long no longer counts toward load
+    reconnect_min_s: float = 0.1
+    reconnect_max_s: float = 5.0
+    socket_timeout_s: float = 3.0
+    read_block_ms: int = 500
+    max_outbox: int = 100_000
+    stream_maxlen: int = 200_000
+    max_blocks_per_worker: int = 262_144
+
+    def __post_init__(self) -> None:
+        if not self.url.startswith(("redis://", "rediss://", "unix://")):
+            raise ValueError(f"redis url must start with redis://, rediss:// or unix://, got {self.url!r}")
+        if not self.prefix or not self.replica_id:
+            raise ValueError("prefix and replica_id must be non-empty")
+        for name in ("flush_interval_s", "load_interval_s", "load_ttl_s", "reconnect_min_s",
+                     "socket_timeout_s"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be > 0")
+        if self.reconnect_max_s < self.reconnect_min_s:
+            raise ValueError("reconnect_max_s must be >= reconnect_min_s")
+        if self.read_block_ms * 2 > self.socket_timeout_s * 1000:
+            raise ValueError("socket_timeout_s must exceed twice read_block_ms, or reads time out")
+        if min(self.max_outbox, self.stream_maxlen, self.max_blocks_per_worker) < 1:
+            raise ValueError("max_outbox, stream_maxlen and max_blocks_per_worker must be >= 1")
+
+
+class RedisSharedState:
+    """A :class:`router.shared.SharedState` backed by Redis."""
+
+    def __init__(self, config: RedisStateConfig) -> None:
+        self.config = config
+        self.connected = False
+        self.resyncs = 0
+        self.ops_applied = 0
+        self.outbox_dropped = 0
+        self._outbox: deque[tuple[Any, ...]] = deque()
+        self._wake = asyncio.Event()
+        self._sink: ReplicaSink | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._last_id = "0-0"
+        self._redis = aioredis.Redis.from_url(
+            config.url, socket_timeout=config.socket_timeout_s,
+            socket_connect_timeout=config.socket_timeout_s, retry=Retry(NoBackoff(), 0))
+
+    # -- SharedState -------------------------------------------------------------
+    def publish_store(self, worker: str, hashes: Sequence[int], ttl_s: float | None) -> None:
+        self._queue((_STORE, worker, list(hashes), ttl_s))
+
+    def publish_remove(self, worker: str, hashes: Sequence[int]) -> None:
+        self._queue((_REMOVE, worker, list(hashes), None))
+
+    def publish_clear(self, worker: str, exact_only: bool) -> None:
+        self._queue((_CLEAR, worker, [], exact_only))
+
+    async def start(self, sink: ReplicaSink) -> None:
+        self._sink = sink
+        if self._task is None:
+            self._task = asyncio.create_task(self._supervise(), name="redis-shared-state")
+
+    async def stop(self) -> None:
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+        self.connected = False
+        with contextlib.suppress(RedisError, OSError):
+            await self._redis.aclose()
+
+    # -- internals ---------------------------------------------------------------
+    def _queue(self, op: tuple[Any, ...]) -> None:
+        if len(self._outbox) >= self.config.max_outbox:
+            # The resync push after an outage re-sends stores; dropped removals
+            # age out through LRU and TTL. Losing the oldest is the bounded choice.
+            self._outbox.popleft()
+            self.outbox_dropped += 1
+        self._outbox.append(op)
+        self._wake.set()
+
+    def _key(self, *parts: str) -> str:
+        return ":".join((self.config.prefix, *parts))
+
+    async def _supervise(self) -> None:
+        delay = self.config.reconnect_min_s
+        while True:
+            try:
+                await self._resync()
+                self.connected = True
+                delay = self.config.reconnect_min_s
+                loops = [self._reader(), self._writer(), self._load_loop()]
+                tasks = [asyncio.create_task(c) for c in loops]
+                try:
+                    done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+                    for t in done:
+                        t.result()  # re-raise the failure that ended the session
+                finally:
+                    for t in tasks:
+                        t.cancel()
+                    await asyncio.gather(*tasks, return_exceptions=True)
+            except (RedisError, OSError) as e:
+                if self.connected:
+                    log.warning("shared routing state: lost Redis (%s); routing on the local view", e)
+                self.connected = False
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, self.config.reconnect_max_s)
+
+    async def _resync(self) -> None:
+        """Flush what queued while away, push the local view, load everyone else's."""
+        sink = self._sink
+        assert sink is not None  # start() sets it before the supervisor runs
+        last = await self._redis.xrevrange(self._key("ops"), count=1)
+        await self._flush()
+        now = time.time()
+        owned = sink.event_workers()
+        pipe = self._redis.pipeline(transaction=False)
+        for worker in sink.worker_names():
+            entries = {}
+            for h, ttl_s in sink.local_entries(worker):
+                if ttl_s is None and worker not in owned:
+                    continue
+                entries[str(h)] = math.inf if ttl_s is None else now + ttl_s
+            if entries:
+                pipe.zadd(self._key("blocks", worker), entries, gt=True)
+        await pipe.execute()
+        for worker in sink.worker_names():
+            rows = await self._redis.zrangebyscore(self._key("blocks", worker), now, "+inf", withscores=True)
+            exact = [int(m) for m, s in rows if math.isinf(s)]
+            if exact:
+                sink.apply_remote_store(worker, exact, None)
+            for m, s in rows:
+                if not math.isinf(s):
+                    sink.apply_remote_store(worker, [int(m)], s - now)
+        self._last_id = last[0][0].decode() if last else "0-0"
+        self.resyncs += 1
+
+    async def _writer(self) -> None:
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            await self._flush()
+            await asyncio.sleep(self.config.flush_interval_s)  # batch bursts into one round trip
+
+    async def _flush(self) -> None:
+        if not self._outbox:
+            return
+        ops = list(self._outbox)
+        now = time.time()
+        pipe = self._redis.pipeline(transaction=False)
+        for kind, worker, hashes, arg in ops:
+            key = self._key("blocks", worker)
+            payload = msgpack.packb([kind, worker, hashes, arg])
+            pipe.xadd(self._key("ops"), {"r": self.config.replica_id, "op": payload},
+                      maxlen=self.config.stream_maxlen, approximate=True)
+            if kind == _STORE:
+                score = math.inf if arg is None else now + arg
+                pipe.zadd(key, {str(h): score for h in hashes}, gt=True)
+            elif kind == _REMOVE and hashes:
+                pipe.zrem(key, *[str(h) for h in hashes])
+            elif kind == _CLEAR:
+                if arg:
+                    pipe.zremrangebyscore(key, "+inf", "+inf")
+                else:
+                    pipe.delete(key)
+        await pipe.execute()
+        # Only drop what was written: ops queued during the await stay queued.
+        for _ in ops:
+            self._outbox.popleft()
+
+    async def _reader(self) -> None:
+        sink = self._sink
+        assert sink is not None
+        me = self.config.replica_id.encode()
+        while True:
+            resp = await self._redis.xread({self._key("ops"): self._last_id}, count=1000,
+                                           block=self.config.read_block_ms)
+            for _stream, entries in resp or []:
+                for entry_id, fields in entries:
+                    self._last_id = entry_id.decode()
+                    if fields.get(b"r") == me:
+                        continue
+                    self._apply(sink, msgpack.unpackb(fields[b"op"]))
+
+    def _apply(self, sink: ReplicaSink, op: list[Any]) -> None:
+        kind, worker, hashes, arg = op
+        if kind == _STORE:
+            sink.apply_remote_store(worker, hashes, arg)
+        elif kind == _REMOVE:
+            sink.apply_remote_remove(worker, hashes)
+        elif kind == _CLEAR:
+            sink.apply_remote_clear(worker, bool(arg))
+        self.ops_applied += 1
+
+    async def _load_loop(self) -> None:
+        while True:
+            await self._exchange_load()
+            await self._trim()
+            await asyncio.sleep(self.config.load_interval_s)
+
+    async def _exchange_load(self) -> None:
+        sink = self._sink
+        assert sink is not None
+        cfg, now = self.config, time.time()
+        mine = self._key("load", cfg.replica_id)
+        pipe = self._redis.pipeline(transaction=False)
+        loads = {w: f"{i} {q}" for w, (i, q) in sink.local_loads().items()}
+        pipe.delete(mine)
+        if loads:
+            pipe.hset(mine, mapping=loads)
+            pipe.pexpire(mine, int(cfg.load_ttl_s * 1000))
+        pipe.zadd(self._key("replicas"), {cfg.replica_id: now})
+        pipe.zremrangebyscore(self._key("replicas"), "-inf", now - cfg.load_ttl_s)
+        pipe.zrangebyscore(self._key("replicas"), now - cfg.load_ttl_s, "+inf")
+        replicas = (await pipe.execute())[-1]
+        others = [r.decode() for r in replicas if r.decode() != cfg.replica_id]
+        totals: dict[str, list[int]] = {w: [0, 0] for w in sink.worker_names()}
+        if others:
+            pipe = self._redis.pipeline(transaction=False)
+            for r in others:
+                pipe.hgetall(self._key("load", r))
+            for h in await pipe.execute():
+                for w, v in h.items():
+                    t = totals.get(w.decode())
+                    if t is not None:
+                        i, q = v.split()
+                        t[0] += int(i)
+                        t[1] += int(q)
+        for w, (i, q) in totals.items():
+            sink.set_remote_load(w, i, q)
+
+    async def _trim(self) -> None:
+        sink = self._sink
+        assert sink is not None
+        now, cap = time.time(), self.config.max_blocks_per_worker
+        pipe = self._redis.pipeline(transaction=False)
+        for w in sink.worker_names():
+            key = self._key("blocks", w)
+            pipe.zremrangebyscore(key, "-inf", now)
+            # Beyond the cap, drop the entries that expire soonest; exact (+inf) go last.
+            pipe.zremrangebyrank(key, 0, -cap - 1)
+        await pipe.execute()
