@@ -219,7 +219,7 @@ async def _next_item(queue: asyncio.Queue[Any], reader: asyncio.Task[None]) -> A
         finally:
             if not getter.done():
                 getter.cancel()  # also on our own cancellation: no orphaned queue.get()
-        if not getter.cancelled():
+        if getter.done() and not getter.cancelled():
             return getter.result()
 
 
