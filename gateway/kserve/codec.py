@@ -1,0 +1,135 @@
+"""Tensor (de)serialisation shared by KServe HTTP and gRPC: raw bytes, BYTES length prefixes, JSON data.
+
+Pure functions; every malformed payload raises InferError(INVALID_ARG) with a
+message that names the tensor.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import Any
+
+import numpy as np
+
+from engines.classic.dtypes import as_bytes_array, element_size, numpy_to_wire, wire_to_numpy
+from engines.classic.errors import invalid
+
+
+def check_shape(name: str, shape: Any) -> tuple[int, ...]:
+    if not isinstance(shape, (list, tuple)) or not all(isinstance(d, int) and not isinstance(d, bool)
+                                                       for d in shape):
+        raise invalid(f"input '{name}': shape must be a list of integers")
+    if any(d < 0 for d in shape):
+        raise invalid(f"input '{name}': shape {list(shape)} has a negative dimension")
+    return tuple(shape)
+
+
+def wire_dtype(name: str, datatype: Any) -> np.dtype:
+    try:
+        return wire_to_numpy(str(datatype))
+    except ValueError:
+        raise invalid(f"input '{name}': unknown datatype '{datatype}'") from None
+
+
+def from_raw(name: str, datatype: str, shape: tuple[int, ...], raw: bytes | memoryview) -> np.ndarray:
+    """Decode a raw little-endian buffer (or length-prefixed BYTES) into an array of `shape`."""
+    dtype = wire_dtype(name, datatype)
+    count = int(np.prod(shape, dtype=np.int64))
+    if datatype == "BYTES":
+        return _bytes_from_raw(name, shape, count, raw)
+    expected = count * element_size(datatype)
+    if len(raw) != expected:
+        raise invalid(f"input '{name}': unexpected binary data size {len(raw)} bytes; shape {list(shape)} of "
+                      f"{datatype} needs {expected} bytes")
+    return np.frombuffer(raw, dtype=dtype.newbyteorder("<"), count=count).astype(dtype, copy=False).reshape(shape)
+
+
+def _bytes_from_raw(name: str, shape: tuple[int, ...], count: int, raw: bytes | memoryview) -> np.ndarray:
+    items: list[bytes] = []
+    view = memoryview(raw)
+    offset = 0
+    while offset < len(view):
+        if offset + 4 > len(view):
+            raise invalid(f"input '{name}': truncated BYTES length prefix at offset {offset}")
+        (length,) = struct.unpack_from("<I", view, offset)
+        offset += 4
+        if offset + length > len(view):
+            raise invalid(f"input '{name}': BYTES element of {length} bytes runs past the end of the data")
+        items.append(bytes(view[offset:offset + length]))
+        offset += length
+    if len(items) != count:
+        raise invalid(f"input '{name}': got {len(items)} BYTES elements, shape {list(shape)} needs {count}")
+    out = np.empty(count, dtype=np.object_)
+    out[:] = items
+    return out.reshape(shape)
+
+
+def to_raw(array: np.ndarray) -> bytes:
+    """Serialise an output array: little-endian values, or 4-byte length prefixes for BYTES."""
+    if numpy_to_wire(array.dtype) == "BYTES":
+        parts = []
+        for item in as_bytes_array(array).flat:
+            parts.append(struct.pack("<I", len(item)))
+            parts.append(item)
+        return b"".join(parts)
+    if array.dtype.byteorder == ">":
+        array = array.astype(array.dtype.newbyteorder("<"))
+    return np.ascontiguousarray(array).tobytes()
+
+
+def from_json_data(name: str, datatype: str, shape: tuple[int, ...], data: Any) -> np.ndarray:
+    """Decode JSON `data` (flat or nested, row-major) into an array of `shape`."""
+    dtype = wire_dtype(name, datatype)
+    count = int(np.prod(shape, dtype=np.int64))
+    flat = _flatten(name, data)
+    if len(flat) != count:
+        raise invalid(f"input '{name}': got {len(flat)} elements, shape {list(shape)} needs {count}")
+    if datatype == "BYTES":
+        out = np.empty(count, dtype=np.object_)
+        for i, item in enumerate(flat):
+            if not isinstance(item, (str, bytes)):
+                raise invalid(f"input '{name}': BYTES data must be strings")
+            out[i] = item.encode("utf-8") if isinstance(item, str) else item
+        return out.reshape(shape)
+    try:
+        if datatype == "BOOL":
+            if not all(isinstance(v, bool) for v in flat):
+                raise TypeError("BOOL data must be true/false")
+        elif any(isinstance(v, (bool, str)) or v is None for v in flat):
+            raise TypeError(f"{datatype} data must be numbers")
+        array = np.array(flat, dtype=dtype)
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise invalid(f"input '{name}': cannot convert data to {datatype}: {exc}") from None
+    return array.reshape(shape)
+
+
+def _flatten(name: str, data: Any) -> list[Any]:
+    if not isinstance(data, list):
+        raise invalid(f"input '{name}': 'data' must be a JSON array")
+    out: list[Any] = []
+    stack = [iter(data)]
+    depth_lengths: dict[int, int] = {}
+    # Nested arrays must be regular (not ragged): same length at each depth.
+    while stack:
+        item = next(stack[-1], _END)
+        if item is _END:
+            stack.pop()
+            continue
+        if isinstance(item, list):
+            depth = len(stack)
+            if depth_lengths.setdefault(depth, len(item)) != len(item):
+                raise invalid(f"input '{name}': ragged nested data is not allowed")
+            stack.append(iter(item))
+        else:
+            out.append(item)
+    return out
+
+
+_END = object()
+
+
+def to_json_data(array: np.ndarray) -> list[Any]:
+    """Flattened row-major data for a JSON response (BYTES as UTF-8 strings, lossy for binary)."""
+    if numpy_to_wire(array.dtype) == "BYTES":
+        return [b.decode("utf-8", errors="replace") for b in as_bytes_array(array).flat]
+    return array.reshape(-1).tolist()

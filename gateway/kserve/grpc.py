@@ -1,0 +1,199 @@
+"""KServe v2 over gRPC (grpc.aio), on tritonclient's generated GRPCInferenceService stubs.
+
+`start_grpc_server(manager, llm_service, host, port)` returns a started server;
+the caller stops it. Errors abort the call with the gRPC code matching Triton's
+(INVALID_ARGUMENT, NOT_FOUND, UNAVAILABLE, INTERNAL). For LLM models,
+ModelInfer/ModelStreamInfer take a BYTES `text_input` and answer `text_output`
+(the stream sends one response per delta).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any, AsyncIterator
+
+import grpc
+import numpy as np
+from tritonclient.grpc import service_pb2 as pb
+from tritonclient.grpc import service_pb2_grpc
+
+from engines.classic.errors import Code, InferError, invalid
+from engines.classic.manager import ModelRepositoryManager
+from gateway.kserve import generate, grpc_infer, views
+
+log = logging.getLogger("sluice.kserve.grpc")
+GRPC_STATUS = {Code.INVALID_ARG: grpc.StatusCode.INVALID_ARGUMENT, Code.NOT_FOUND: grpc.StatusCode.NOT_FOUND,
+               Code.UNAVAILABLE: grpc.StatusCode.UNAVAILABLE, Code.INTERNAL: grpc.StatusCode.INTERNAL,
+               Code.UNSUPPORTED: grpc.StatusCode.UNIMPLEMENTED, Code.ALREADY_EXISTS: grpc.StatusCode.ALREADY_EXISTS}
+MAX_MESSAGE_BYTES = 256 * 1024 * 1024
+
+
+async def _abort(context: grpc.aio.ServicerContext, exc: InferError) -> None:
+    await context.abort(GRPC_STATUS.get(exc.code, grpc.StatusCode.INVALID_ARGUMENT), exc.message)
+
+
+class KServeServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
+    def __init__(self, manager: ModelRepositoryManager, llm_service: Any = None) -> None:
+        self.m = manager
+        self.llm = llm_service
+
+    async def _guard(self, context: grpc.aio.ServicerContext, fn: Any, *args: Any) -> Any:
+        try:
+            return await fn(*args)
+        except InferError as exc:
+            await _abort(context, exc)
+        except Exception as exc:
+            log.exception("KServe gRPC handler failed")
+            await _abort(context, InferError(f"internal error: {type(exc).__name__}", Code.INTERNAL))
+
+    async def ServerLive(self, request: pb.ServerLiveRequest, context: Any) -> pb.ServerLiveResponse:
+        return pb.ServerLiveResponse(live=True)
+
+    async def ServerReady(self, request: pb.ServerReadyRequest, context: Any) -> pb.ServerReadyResponse:
+        return pb.ServerReadyResponse(ready=self.m.ready())
+
+    async def ModelReady(self, request: pb.ModelReadyRequest, context: Any) -> pb.ModelReadyResponse:
+        return pb.ModelReadyResponse(ready=views.model_ready(self.m, self.llm, request.name, request.version))
+
+    async def ServerMetadata(self, request: Any, context: Any) -> pb.ServerMetadataResponse:
+        return views.server_metadata()
+
+    async def ModelMetadata(self, request: pb.ModelMetadataRequest, context: Any) -> pb.ModelMetadataResponse:
+        async def run() -> pb.ModelMetadataResponse:
+            return views.model_metadata(self.m, self.llm, request.name, request.version)
+        return await self._guard(context, run)
+
+    async def ModelConfig(self, request: pb.ModelConfigRequest, context: Any) -> pb.ModelConfigResponse:
+        async def run() -> pb.ModelConfigResponse:
+            return pb.ModelConfigResponse(config=views.model_config(self.m, self.llm, request.name, request.version))
+        return await self._guard(context, run)
+
+    async def ModelStatistics(self, request: pb.ModelStatisticsRequest, context: Any) -> Any:
+        async def run() -> pb.ModelStatisticsResponse:
+            return views.statistics(self.m, request.name, request.version)
+        return await self._guard(context, run)
+
+    async def RepositoryIndex(self, request: pb.RepositoryIndexRequest, context: Any) -> Any:
+        async def run() -> pb.RepositoryIndexResponse:
+            rows = views.repository_index(self.m, self.llm, request.ready)
+            return pb.RepositoryIndexResponse(models=[pb.RepositoryIndexResponse.ModelIndex(**r) for r in rows])
+        return await self._guard(context, run)
+
+    async def RepositoryModelLoad(self, request: pb.RepositoryModelLoadRequest, context: Any) -> Any:
+        async def run() -> pb.RepositoryModelLoadResponse:
+            config = None
+            files: dict[str, bytes] = {}
+            for key, param in request.parameters.items():
+                value = getattr(param, param.WhichOneof("parameter_choice") or "string_param")
+                if key == "config":
+                    config = value
+                elif key.startswith("file:"):
+                    if not isinstance(value, bytes):
+                        raise invalid(f"parameter '{key}' must be a bytes_param")
+                    files[key[5:]] = value
+            await self.m.load(request.model_name, config, files)
+            return pb.RepositoryModelLoadResponse()
+        return await self._guard(context, run)
+
+    async def RepositoryModelUnload(self, request: pb.RepositoryModelUnloadRequest, context: Any) -> Any:
+        async def run() -> pb.RepositoryModelUnloadResponse:
+            await self.m.unload(request.model_name)
+            return pb.RepositoryModelUnloadResponse()
+        return await self._guard(context, run)
+
+    async def ModelInfer(self, request: pb.ModelInferRequest, context: Any) -> pb.ModelInferResponse:
+        return await self._guard(context, self._infer, request)
+
+    async def _infer(self, request: pb.ModelInferRequest) -> pb.ModelInferResponse:
+        if views.is_llm(self.m, self.llm, request.model_name):
+            return await self._llm_text(request)
+        params = {k: grpc_infer.param_value(v) for k, v in request.parameters.items()}
+        priority = views.int_param(params, "priority")
+        timeout_us = views.int_param(params, "timeout")
+        extra = {k: v for k, v in params.items() if k not in ("priority", "timeout")}
+        inputs = grpc_infer.decode_inputs(request)
+        model = self.m.get_version(request.model_name, request.model_version or None)
+        outputs = await self.m.infer(request.model_name, model.version, inputs, grpc_infer.requested_outputs(request),
+                                     priority, timeout_us, extra, request.id)
+        return grpc_infer.encode_response(request.model_name, model.version, request.id, outputs)
+
+    def _llm_prompt(self, request: pb.ModelInferRequest) -> tuple[str, dict[str, Any]]:
+        inputs = grpc_infer.decode_inputs(request)
+        prompt = inputs.get("text_input")
+        if prompt is None or prompt.size != 1:
+            raise invalid("LLM models take one BYTES 'text_input'")
+        params = {k: grpc_infer.param_value(v) for k, v in request.parameters.items()}
+        body = {"text_input": prompt.reshape(-1)[0].decode("utf-8", errors="replace"), "parameters": params}
+        return generate.parse_body(self.llm, request.model_name, body)
+
+    async def _llm_text(self, request: pb.ModelInferRequest) -> pb.ModelInferResponse:
+        prompt, params = self._llm_prompt(request)
+        text = []
+        async for delta in generate.deltas(self.llm, request.model_name, prompt, params):
+            if delta.finish_reason == "error":
+                raise InferError(delta.error or "generation failed", Code.INTERNAL)
+            text.append(delta.text)
+        return self._text_response(request, "".join(text))
+
+    def _text_response(self, request: pb.ModelInferRequest, text: str, final: bool = True) -> pb.ModelInferResponse:
+        response = grpc_infer.encode_response(request.model_name, request.model_version or "1", request.id,
+                                              {"text_output": np.array([text.encode()], dtype=np.object_)})
+        response.parameters["triton_final_response"].bool_param = final
+        return response
+
+    async def ModelStreamInfer(self, request_iterator: AsyncIterator[pb.ModelInferRequest],
+                               context: Any) -> AsyncIterator[pb.ModelStreamInferResponse]:
+        """Requests on one stream run concurrently; each answer (or error) carries its request id."""
+        queue: asyncio.Queue[pb.ModelStreamInferResponse | None] = asyncio.Queue()
+        tasks: set[asyncio.Task[None]] = set()
+
+        async def one(request: pb.ModelInferRequest) -> None:
+            try:
+                if views.is_llm(self.m, self.llm, request.model_name):
+                    await self._stream_llm(request, queue)
+                else:
+                    await queue.put(pb.ModelStreamInferResponse(infer_response=await self._infer(request)))
+            except InferError as exc:
+                await queue.put(pb.ModelStreamInferResponse(error_message=exc.message,
+                                                            infer_response=pb.ModelInferResponse(id=request.id)))
+            except Exception as exc:
+                log.exception("stream request failed")
+                await queue.put(pb.ModelStreamInferResponse(error_message=f"internal error: {exc}"))
+
+        async def reader() -> None:
+            async for request in request_iterator:
+                task = asyncio.create_task(one(request))
+                tasks.add(task)
+                task.add_done_callback(tasks.discard)
+            while tasks:
+                await asyncio.gather(*list(tasks), return_exceptions=True)
+            await queue.put(None)
+
+        read_task = asyncio.create_task(reader())
+        try:
+            while (item := await queue.get()) is not None:
+                yield item
+        finally:
+            read_task.cancel()
+            for task in list(tasks):
+                task.cancel()
+
+    async def _stream_llm(self, request: pb.ModelInferRequest, queue: asyncio.Queue[Any]) -> None:
+        prompt, params = self._llm_prompt(request)
+        async for delta in generate.deltas(self.llm, request.model_name, prompt, params):
+            if delta.finish_reason == "error":
+                raise InferError(delta.error or "generation failed", Code.INTERNAL)
+            response = self._text_response(request, delta.text, final=delta.finish_reason is not None)
+            await queue.put(pb.ModelStreamInferResponse(infer_response=response))
+
+
+async def start_grpc_server(manager: ModelRepositoryManager, llm_service: Any, host: str, port: int) -> grpc.aio.Server:
+    """Create, bind and start the KServe gRPC server; raises RuntimeError if the port cannot be bound."""
+    server = grpc.aio.server(options=[("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+                                      ("grpc.max_send_message_length", MAX_MESSAGE_BYTES)])
+    service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(KServeServicer(manager, llm_service), server)
+    if server.add_insecure_port(f"{host}:{port}") == 0:
+        raise RuntimeError(f"cannot bind the gRPC server to {host}:{port}")
+    await server.start()
+    return server

@@ -1,0 +1,177 @@
+"""KServe v2 over HTTP as a FastAPI APIRouter: health, metadata, config, stats, infer, repository, generate.
+
+Errors are Triton's `{"error": "..."}` with Triton's status mapping (400 bad
+input, 404 unknown model/version, 503 unavailable / queue full / timeout, 500
+model failure). A bad request never affects other requests.
+"""
+
+from __future__ import annotations
+
+import base64
+import gzip
+import json
+import logging
+import zlib
+from typing import Any, Awaitable, Callable
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response
+
+from engines.classic.errors import Code, InferError, invalid
+from engines.classic.manager import ModelRepositoryManager
+from gateway.kserve import generate, views
+from gateway.kserve.http_infer import decode_request, encode_response
+
+log = logging.getLogger("sluice.kserve.http")
+HEADER_LENGTH = "Inference-Header-Content-Length"
+
+
+def error_response(exc: InferError) -> JSONResponse:
+    return JSONResponse({"error": exc.message}, status_code=views.HTTP_STATUS.get(exc.code, 400))
+
+
+async def guarded(call: Callable[[], Awaitable[Response]]) -> Response:
+    """Turn InferError (and any unexpected failure) into Triton's error JSON."""
+    try:
+        return await call()
+    except InferError as exc:
+        return error_response(exc)
+    except Exception as exc:  # never let one request take the server down
+        log.exception("KServe HTTP handler failed")
+        return error_response(InferError(f"internal error: {type(exc).__name__}", Code.INTERNAL))
+
+
+async def read_body(request: Request) -> bytes:
+    body = await request.body()
+    encoding = request.headers.get("content-encoding", "").lower()
+    try:
+        if encoding == "gzip":
+            return gzip.decompress(body)
+        if encoding == "deflate":
+            return zlib.decompress(body)
+    except (OSError, zlib.error) as exc:
+        raise invalid(f"cannot decompress the {encoding} request body: {exc}") from None
+    return body
+
+
+async def read_json(request: Request) -> dict[str, Any]:
+    body = await read_body(request)
+    if not body.strip():
+        return {}
+    try:
+        data = json.loads(body)
+    except ValueError as exc:
+        raise invalid(f"failed to parse the request JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise invalid("the request body must be a JSON object")
+    return data
+
+
+def build_router(manager: ModelRepositoryManager, llm_service: Any = None) -> APIRouter:
+    router = APIRouter()
+    m, llm = manager, llm_service
+
+    @router.get("/v2")
+    async def server_metadata() -> Response:
+        return JSONResponse(views.to_dict(views.server_metadata()))
+
+    @router.get("/v2/health/live")
+    async def live() -> Response:
+        return Response(status_code=200)
+
+    @router.get("/v2/health/ready")
+    async def ready() -> Response:
+        return Response(status_code=200 if m.ready() else 503)
+
+    @router.get("/v2/models/stats")
+    async def all_stats() -> Response:
+        return await guarded(lambda: _json(views.to_dict(views.statistics(m, "", ""))))
+
+    for prefix in ("/v2/models/{name}", "/v2/models/{name}/versions/{version}"):
+        _model_routes(router, prefix, m, llm)
+
+    @router.post("/v2/repository/index")
+    async def index(request: Request) -> Response:
+        async def run() -> Response:
+            body = await read_json(request)
+            return _json(views.repository_index(m, llm, bool(body.get("ready", False))))
+        return await guarded(run)
+
+    @router.post("/v2/repository/models/{name}/load")
+    async def load(name: str, request: Request) -> Response:
+        async def run() -> Response:
+            params = (await read_json(request)).get("parameters") or {}
+            if not isinstance(params, dict):
+                raise invalid("'parameters' must be a JSON object")
+            config = params.get("config")
+            files = {}
+            for key, value in params.items():
+                if key.startswith("file:"):
+                    try:
+                        files[key[5:]] = base64.b64decode(value, validate=True)
+                    except (ValueError, TypeError):
+                        raise invalid(f"parameter '{key}' must be base64-encoded file content") from None
+            await m.load(name, config, files)
+            return Response(status_code=200)
+        return await guarded(run)
+
+    @router.post("/v2/repository/models/{name}/unload")
+    async def unload(name: str, request: Request) -> Response:
+        async def run() -> Response:
+            await read_json(request)
+            await m.unload(name)
+            return Response(status_code=200)
+        return await guarded(run)
+
+    return router
+
+
+def _json(data: Any, status: int = 200) -> Response:
+    return JSONResponse(data, status_code=status)
+
+
+def _model_routes(router: APIRouter, prefix: str, m: ModelRepositoryManager, llm: Any) -> None:
+    @router.get(prefix)
+    async def metadata(name: str, version: str = "") -> Response:
+        return await guarded(lambda: _json(views.to_dict(views.model_metadata(m, llm, name, version))))
+
+    @router.get(prefix + "/ready")
+    async def model_ready(name: str, version: str = "") -> Response:
+        return Response(status_code=200 if views.model_ready(m, llm, name, version) else 400)
+
+    @router.get(prefix + "/config")
+    async def config(name: str, version: str = "") -> Response:
+        return await guarded(lambda: _json(views.to_dict(views.model_config(m, llm, name, version))))
+
+    @router.get(prefix + "/stats")
+    async def stats(name: str, version: str = "") -> Response:
+        return await guarded(lambda: _json(views.to_dict(views.statistics(m, name, version))))
+
+    @router.post(prefix + "/infer")
+    async def infer(name: str, request: Request, version: str = "") -> Response:
+        async def run() -> Response:
+            if views.is_llm(m, llm, name):
+                raise invalid(f"model '{name}' is an LLM; use /v2/models/{name}/generate")
+            body = await read_body(request)
+            req = decode_request(body, request.headers.get(HEADER_LENGTH))
+            model = m.get_version(name, version or None)
+            outputs = await m.infer(name, model.version, req.inputs, req.outputs, req.priority, req.timeout_us,
+                                    req.parameters, req.request_id)
+            payload, header_len = encode_response(name, model.version, req, outputs)
+            if header_len is None:
+                return Response(payload, media_type="application/json")
+            return Response(payload, media_type="application/octet-stream",
+                            headers={HEADER_LENGTH: str(header_len)})
+        return await guarded(run)
+
+    @router.post(prefix + "/generate")
+    async def gen(name: str, request: Request, version: str = "") -> Response:
+        async def run() -> Response:
+            return _json(await generate.generate_once(llm, name, version, await read_json(request)))
+        return await guarded(run)
+
+    @router.post(prefix + "/generate_stream")
+    async def gen_stream(name: str, request: Request, version: str = "") -> Response:
+        async def run() -> Response:
+            return await generate.generate_sse(llm, name, version, await read_json(request))
+        return await guarded(run)
