@@ -65,9 +65,11 @@ class WorkerSpec:
 
 
 def add_worker_arguments(parser: argparse.ArgumentParser) -> None:
-    """Add the flags shared by `sluice worker --engine vllm|trtllm` (not --engine itself)."""
+    """Add the flags shared by `sluice worker --engine vllm|trtllm`.
+
+    Not added here (the caller owns them): --engine and --model-repository.
+    """
     parser.add_argument("--model", required=True, help="model directory, or a model name in --model-repository")
-    parser.add_argument("--model-repository", default="model_repository", help="repository for model names")
     parser.add_argument("--served-model-name", default=None, help="id to serve under (default: --model)")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8100)
@@ -89,7 +91,7 @@ def add_worker_arguments(parser: argparse.ArgumentParser) -> None:
 
 def spec_from_args(args: argparse.Namespace) -> WorkerSpec:
     """Resolve --model (path or repository name) and build the WorkerSpec."""
-    model_path = _resolve_model(args.model, Path(args.model_repository))
+    model_path = _resolve_model(args.model, Path(getattr(args, "model_repository", None) or "model_repository"))
     kv_port = args.kv_events_port if args.kv_events_port is not None else args.port + 1000
     return WorkerSpec(
         engine=args.engine, model_path=model_path, served_model_name=args.served_model_name or args.model,
