@@ -1,0 +1,36 @@
+# Two commands do all the set-up on a fresh machine: `make serve` and `make test`.
+# Every target is idempotent; heavy artefacts live in $(SLUICE_CACHE).
+SHELL := /bin/bash
+export SLUICE_CACHE ?= $(HOME)/.cache/sluice
+PY := .venv/bin/python
+HOST ?= 0.0.0.0
+HTTP_PORT ?= 8000
+GRPC_PORT ?= 8001
+PYTEST_ARGS ?=
+
+.PHONY: serve test venv vllm-venv apt models lint clean bench
+
+venv:
+	@scripts/ensure_venv.sh
+
+vllm-venv:
+	@scripts/ensure_vllm_venv.sh >/dev/null
+
+# System packages the tests start for real (redis-server, prometheus, chromium).
+apt:
+	@scripts/ensure_apt.sh
+
+models: venv
+	@$(PY) -m model_repository.prepare --repository model_repository
+
+serve: venv models
+	$(PY) -m gateway.cli serve --host $(HOST) --http-port $(HTTP_PORT) --grpc-port $(GRPC_PORT) --model-repository model_repository
+
+test: venv apt models vllm-venv
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+bench: venv models
+	$(PY) loadtests/bench_gateway_overhead.py
+
+clean:
+	rm -rf .venv .pytest_cache

@@ -1,0 +1,157 @@
+"""The LLM engine seam: what the gateway needs from anything that generates tokens.
+
+Every engine (in-process transformers, a remote vLLM or TensorRT-LLM worker, the
+`sim` model) implements :class:`LLMEngine`. The gateway validates and tokenizes a
+request, builds an :class:`EngineRequest`, and relays the :class:`Delta` stream.
+
+Nothing here imports torch, FastAPI or the router.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator, Literal, Protocol, runtime_checkable
+
+FinishReason = Literal["stop", "length", "abort", "error", "tool_calls"]
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingParams:
+    """Per-request sampling, in vLLM's conventions (which OpenAI's map onto)."""
+
+    max_tokens: int  # new tokens at most; the gateway has already clamped it to the context
+    temperature: float = 1.0  # 0.0 means greedy
+    top_p: float = 1.0
+    top_k: int = -1  # -1 disables top-k
+    min_p: float = 0.0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+    min_tokens: int = 0
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logprobs: int | None = None  # number of top logprobs per token; None: not requested
+    include_stop_str_in_output: bool = False
+
+    def __post_init__(self) -> None:
+        if self.max_tokens < 0:
+            raise ValueError(f"max_tokens must be >= 0, got {self.max_tokens}")
+        if not 0.0 <= self.temperature <= 2.0:
+            raise ValueError(f"temperature must be in [0, 2], got {self.temperature}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k == 0 or self.top_k < -1:
+            raise ValueError(f"top_k must be -1 (disabled) or >= 1, got {self.top_k}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0 or self.top_k == 1
+
+
+@dataclass(slots=True)
+class EngineRequest:
+    """One generation, as the engine sees it.
+
+    `prompt_token_ids` are the exact ids the engine will run (the gateway rendered
+    the chat template with the model's own tokenizer). Remote engines may instead
+    forward `chat_body` to the worker's own chat endpoint, so that the engine's tool
+    and reasoning parsers apply; the ids are then used for routing and accounting.
+    """
+
+    request_id: str
+    model: str
+    prompt_token_ids: list[int]
+    sampling: SamplingParams
+    kind: Literal["chat", "completion"] = "completion"
+    # OpenAI chat body to forward to a remote worker (model name already rewritten).
+    chat_body: dict[str, Any] | None = None
+    # Original completion prompt when the client sent text (remote workers get ids anyway).
+    prompt_text: str | None = None
+    lora: str | None = None
+    cache_salt: str | None = None
+    priority: int = 0
+    arrival_time: float = field(default_factory=time.monotonic)
+
+
+@dataclass(slots=True)
+class Delta:
+    """A piece of output. Deltas of one request arrive in order; the last has finish_reason."""
+
+    text: str = ""  # new text since the previous delta (stop strings already removed)
+    token_ids: list[int] = field(default_factory=list)  # new token ids, when the engine exposes them
+    finish_reason: FinishReason | None = None
+    # Usage, filled at least on the final delta.
+    prompt_tokens: int | None = None
+    completion_tokens: int = 0  # cumulative
+    cached_tokens: int | None = None  # prompt tokens served from the engine's prefix cache
+    # Chat fields a remote engine's own parsers produced (tool_calls, reasoning_content).
+    chat_extra: dict[str, Any] | None = None
+    logprobs: list[dict[str, Any]] | None = None  # OpenAI-shaped per-token logprobs, when requested
+    # Why an engine stopped with finish_reason "error".
+    error: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class EngineStats:
+    """A snapshot of the engine's scheduler, for /metrics, tests and routing."""
+
+    running: int  # requests currently in the running batch
+    waiting: int  # requests admitted but not yet scheduled
+    max_batch_size_seen: int = 0  # largest running batch since start (proves batching)
+    kv_usage: float = 0.0  # fraction of KV cache blocks in use, 0..1
+
+
+class EngineError(Exception):
+    """An engine refused or failed a request, with an OpenAI-style classification.
+
+    `retryable` tells the gateway it may try another worker (only before the
+    first byte has been sent to the client).
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        status_code: int = 500,
+        code: str | None = None,
+        err_type: str | None = None,
+        param: str | None = None,
+        retryable: bool = False,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.status_code = status_code
+        self.code = code
+        self.err_type = err_type or ("invalid_request_error" if status_code < 500 else "server_error")
+        self.param = param
+        self.retryable = retryable
+
+
+@runtime_checkable
+class LLMEngine(Protocol):
+    """Contract for an LLM engine.
+
+    - `generate` yields Deltas until one carries a finish_reason; it raises
+      EngineError for a refusal before the first delta. After that, failures are
+      reported as a final Delta with finish_reason "error".
+    - `abort` is idempotent and safe for unknown ids; the matching `generate`
+      ends promptly (with finish_reason "abort") and frees its batch slot.
+    - Cancelling the task that iterates `generate` must abort the request.
+    """
+
+    name: str
+
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+    def generate(self, request: EngineRequest) -> AsyncIterator[Delta]: ...
+
+    async def abort(self, request_id: str) -> None: ...
+
+    def stats(self) -> EngineStats: ...
+
+    def ready(self) -> bool: ...

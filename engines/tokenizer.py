@@ -1,0 +1,79 @@
+"""The model's own tokenizer and chat template, as the gateway needs them.
+
+The gateway renders chat templates itself so that it knows the exact token ids
+the engine will see (for routing and context checks). transformers is imported
+lazily so that importing this module stays cheap.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Sequence
+
+
+class ChatTokenizer:
+    """Thread-safe for reads; tokenizers' Rust core releases the GIL."""
+
+    def __init__(self, model_dir: Path | str, tokenizer: Any = None) -> None:
+        if tokenizer is None:
+            from transformers import AutoTokenizer
+
+            tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+        self._tok = tokenizer
+        self.vocab_size = len(tokenizer)
+        self.eos_token_id = tokenizer.eos_token_id
+
+    @property
+    def has_chat_template(self) -> bool:
+        return bool(getattr(self._tok, "chat_template", None))
+
+    def render_chat(
+        self,
+        messages: list[dict[str, Any]],
+        *,
+        tools: list[dict[str, Any]] | None = None,
+        add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
+        template_kwargs: dict[str, Any] | None = None,
+    ) -> list[int]:
+        """Token ids of the rendered conversation, exactly as the engine will see them."""
+        text = self.render_chat_text(
+            messages,
+            tools=tools,
+            add_generation_prompt=add_generation_prompt,
+            continue_final_message=continue_final_message,
+            template_kwargs=template_kwargs,
+        )
+        # The template already contains the special tokens; do not add BOS twice.
+        return list(self._tok.encode(text, add_special_tokens=False))
+
+    def render_chat_text(
+        self,
+        messages: list[dict[str, Any]],
+        *,
+        tools: list[dict[str, Any]] | None = None,
+        add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
+        template_kwargs: dict[str, Any] | None = None,
+    ) -> str:
+        if not self.has_chat_template:
+            raise ValueError("this model has no chat template; use /v1/completions")
+        return str(
+            self._tok.apply_chat_template(
+                messages,
+                tools=tools,
+                tokenize=False,
+                add_generation_prompt=add_generation_prompt and not continue_final_message,
+                continue_final_message=continue_final_message,
+                **(template_kwargs or {}),
+            )
+        )
+
+    def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
+        return list(self._tok.encode(text, add_special_tokens=add_special_tokens))
+
+    def decode(self, ids: Sequence[int], *, skip_special_tokens: bool = True) -> str:
+        return str(self._tok.decode(list(ids), skip_special_tokens=skip_special_tokens))
+
+    def id_to_token(self, token_id: int) -> str:
+        return str(self._tok.convert_ids_to_tokens(token_id))

@@ -1,0 +1,89 @@
+"""Pure ASGI middleware: request ids, body-size limit, access log without prompts."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+import uuid
+from typing import Any, Awaitable, Callable
+
+from starlette.exceptions import HTTPException
+
+log = logging.getLogger("sluice.access")
+
+Scope = dict[str, Any]
+Message = dict[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+
+class BodyTooLarge(HTTPException):
+    """Raised from `receive`; FastAPI re-raises HTTPExceptions met while reading a
+    body, so the app's own error handlers answer 413 in the route's format."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(413, f"Request body exceeds the limit of {limit} bytes.")
+
+
+class SluiceMiddleware:
+    """Echoes X-Request-Id, refuses bodies over `max_body_bytes` with 413 (by
+    Content-Length, or while streaming a chunked body), and logs one line per
+    request: method, path, status, duration and body size, never the body."""
+
+    def __init__(self, app: ASGIApp, max_body_bytes: int) -> None:
+        self.app = app
+        self.max_body_bytes = max_body_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
+        request_id = headers.get("x-request-id") or uuid.uuid4().hex
+        t0 = time.monotonic()
+        status = {"code": 0}
+        size = {"bytes": 0}
+        declared = headers.get("content-length")
+        if declared and declared.isdigit() and int(declared) > self.max_body_bytes:
+            await self._too_large(scope, send, request_id)
+            return
+
+        async def limited_receive() -> Message:
+            message = await receive()
+            if message["type"] == "http.request":
+                size["bytes"] += len(message.get("body", b""))
+                if size["bytes"] > self.max_body_bytes:
+                    raise BodyTooLarge(self.max_body_bytes)
+            return message
+
+        async def tagged_send(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                status["code"] = message["status"]
+                hdrs = [(k, v) for k, v in message.get("headers", []) if k.lower() != b"x-request-id"]
+                hdrs.append((b"x-request-id", request_id.encode("latin-1")))
+                message = {**message, "headers": hdrs}
+            await send(message)
+
+        try:
+            await self.app(scope, limited_receive, tagged_send)
+        except BodyTooLarge:
+            if status["code"] == 0:
+                await self._too_large(scope, send, request_id)
+        finally:
+            log.info("%s %s %s %.1fms body=%dB", scope.get("method"), scope.get("path"), status["code"] or 413,
+                     (time.monotonic() - t0) * 1000, size["bytes"])
+
+    async def _too_large(self, scope: Scope, send: Send, request_id: str) -> None:
+        path = scope.get("path", "")
+        msg = f"Request body exceeds the limit of {self.max_body_bytes} bytes."
+        body: dict[str, Any] = ({"error": msg} if path.startswith("/v2") else
+                                {"error": {"message": msg, "type": "invalid_request_error", "param": None,
+                                           "code": "request_too_large"}})
+        payload = json.dumps(body).encode()
+        await send({"type": "http.response.start", "status": 413,
+                    "headers": [(b"content-type", b"application/json"),
+                                (b"content-length", str(len(payload)).encode()),
+                                (b"x-request-id", request_id.encode("latin-1"))]})
+        await send({"type": "http.response.body", "body": payload})

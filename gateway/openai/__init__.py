@@ -1,0 +1,1 @@
+"""OpenAI-compatible routes: schemas (pydantic) and handlers."""

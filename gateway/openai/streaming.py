@@ -1,0 +1,125 @@
+"""Shared plumbing for generation routes: admission, fan-out (n > 1) and SSE.
+
+The SSE relay relies on sse-starlette: it sends `: ping` comments while the
+request waits (queue, prefill) and cancels the generator when the client
+disconnects; cancellation closes the engine stream, which aborts the request.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+import uuid
+from contextlib import aclosing
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator
+
+from sse_starlette.sse import EventSourceResponse
+
+from engines.base import Delta, EngineError, EngineRequest
+from gateway.admission import Ticket
+from gateway.errors import OpenAIError
+from gateway.llm_service import LLMModel, LLMService, RouteHints, Target, merge
+
+log = logging.getLogger("sluice.gateway")
+
+
+@dataclass(slots=True)
+class Dispatch:
+    """A request that has been admitted to the queue and routed, not yet run."""
+
+    service: LLMService
+    model: LLMModel
+    requests: list[EngineRequest]
+    targets: list[list[Target]]
+    ticket: Ticket
+    request_id: str
+    created: int = field(default_factory=lambda: int(time.time()))
+
+    @property
+    def worker(self) -> str:
+        return self.targets[0][0].name
+
+    def headers(self, client_request_id: str | None) -> dict[str, str]:
+        return {"X-Sluice-Worker": self.worker, "X-Request-Id": client_request_id or self.request_id}
+
+    async def deltas(self) -> AsyncIterator[tuple[int, Delta]]:
+        """All choices' deltas, tagged with the choice index; frees the ticket at the end."""
+        try:
+            await self.service.wait_admitted(self.model, self.ticket)
+            streams = [self.service.run(self.model, r, t) for r, t in zip(self.requests, self.targets)]
+            async with aclosing(merge(streams)) as merged:
+                async for item in merged:
+                    yield item
+        finally:
+            self.service.release(self.model, self.ticket)
+
+
+def dispatch(service: LLMService, model: LLMModel, requests: list[EngineRequest], hints: RouteHints,
+             prefix: str) -> Dispatch:
+    targets = [service.targets(model, r, hints) for r in requests]
+    ticket = service.admit(model)
+    return Dispatch(service, model, requests, targets, ticket, prefix)
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex}"
+
+
+def error_body(exc: BaseException) -> dict[str, Any]:
+    if isinstance(exc, OpenAIError):
+        return exc.body()
+    if isinstance(exc, EngineError):
+        return OpenAIError.from_engine(exc).body()
+    return OpenAIError(500, "internal error while streaming").body()
+
+
+def sse(events: AsyncIterator[dict[str, Any]], *, ping_s: float, headers: dict[str, str]) -> EventSourceResponse:
+    """Relay JSON payloads as SSE `data:` lines; end with `[DONE]`, or with an
+    error event and then `[DONE]`, never by hanging."""
+
+    async def gen() -> AsyncIterator[dict[str, str]]:
+        try:
+            async with aclosing(events) as it:
+                async for payload in it:
+                    yield {"data": json.dumps(payload, separators=(",", ":"), ensure_ascii=False)}
+        except Exception as e:  # after the first byte the status code is gone: report in-band
+            if not isinstance(e, (OpenAIError, EngineError)):
+                log.exception("stream failed")
+            yield {"data": json.dumps(error_body(e))}
+        yield {"data": "[DONE]"}
+
+    return EventSourceResponse(gen(), ping=max(ping_s, 0.05), sep="\n", headers=headers,
+                               media_type="text/event-stream")
+
+
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int | None) -> dict[str, Any]:
+    u: dict[str, Any] = {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
+    if cached_tokens is not None:
+        u["prompt_tokens_details"] = {"cached_tokens": cached_tokens}
+    return u
+
+
+class UsageTally:
+    """Adds up usage over choices: prompt tokens once per prompt, completions summed."""
+
+    def __init__(self, prompt_tokens: list[int]) -> None:
+        self.prompt_tokens = list(prompt_tokens)  # per prompt
+        self.completion: dict[int, int] = {}
+        self.cached: dict[int, int] = {}
+
+    def add(self, index: int, prompt_index: int, delta: Delta) -> None:
+        self.completion[index] = delta.completion_tokens
+        if delta.prompt_tokens is not None:
+            self.prompt_tokens[prompt_index] = delta.prompt_tokens
+        if delta.cached_tokens is not None:
+            self.cached[prompt_index] = max(self.cached.get(prompt_index, 0), delta.cached_tokens)
+
+    def body(self) -> dict[str, Any]:
+        cached = sum(self.cached.values()) if self.cached else None
+        return usage(sum(self.prompt_tokens), sum(self.completion.values()), cached)

@@ -1,0 +1,47 @@
+"""One frozen settings object per process, read from the CLI and the environment."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+def _env_float(name: str, default: float) -> float:
+    value = os.environ.get(name)
+    return float(value) if value else default
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    host: str = "0.0.0.0"
+    http_port: int = 8000
+    grpc_port: int = 8001  # 0 disables gRPC
+    model_repository: Path | None = Path("model_repository")
+    model_control_mode: str = "none"  # none | explicit | poll
+    load_models: tuple[str, ...] = ()
+    # LLM serving
+    workers: tuple[str, ...] = ()  # remote worker URLs (--worker)
+    routing_policy: str = "prefix"
+    max_running: int = 64  # admitted requests per model
+    max_queued: int = 256  # waiting requests per model before 503
+    max_body_bytes: int = 8 * 1024 * 1024
+    sse_ping_s: float = field(default_factory=lambda: _env_float("SLUICE_SSE_PING_S", 5.0))
+    engine_max_batch_size: int = 32
+    log_prompts: bool = False  # never on by default: prompts are user data
+    admin_key: str | None = None
+    served_llms: tuple[str, ...] = ()  # restrict which LLMs of the repository to load (empty: all)
+
+    def __post_init__(self) -> None:
+        for name in ("http_port", "grpc_port"):
+            port = getattr(self, name)
+            if not 0 <= port <= 65535:
+                raise ValueError(f"{name} must be in 0..65535, got {port}")
+        if self.model_control_mode not in ("none", "explicit", "poll"):
+            raise ValueError(f"model control mode must be none, explicit or poll, got {self.model_control_mode!r}")
+        if self.routing_policy not in ("prefix", "least_load", "round_robin", "session"):
+            raise ValueError(f"unknown routing policy {self.routing_policy!r}")
+        if self.max_running < 1 or self.max_queued < 0:
+            raise ValueError("max_running must be >= 1 and max_queued >= 0")
+        if self.max_body_bytes < 1024:
+            raise ValueError("max_body_bytes must be at least 1024")
