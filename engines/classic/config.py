@@ -108,19 +108,19 @@ def validate(config: ModelConfig, source: str) -> None:
 
 
 def _validate_tensor(kind: str, tensor: mc.ModelInput | mc.ModelOutput, source: str) -> None:
-    where = f"{kind} '{tensor.name}'"
+    where = f"{kind} '{tensor.name}': field '"
     if not tensor.name:
         raise ConfigError(f"{source}: field '{kind}.name': every {kind} needs a name")
     if tensor.data_type == mc.TYPE_INVALID:
-        raise ConfigError(f"{source}: field '{where}.data_type': missing or TYPE_INVALID")
+        raise ConfigError(f"{source}: {where}data_type': missing or TYPE_INVALID")
     wire = config_to_wire(mc.DataType.Name(tensor.data_type))
     if wire not in WIRE_TYPES:
-        raise ConfigError(f"{source}: field '{where}.data_type': unsupported data type '{wire}'")
+        raise ConfigError(f"{source}: {where}data_type': unsupported data type '{wire}'")
     if not tensor.dims and not tensor.HasField("reshape"):
-        raise ConfigError(f"{source}: field '{where}.dims': must not be empty (use [ 1 ] with reshape {{ shape: [ ] }})")
+        raise ConfigError(f"{source}: {where}dims': must not be empty (use [ 1 ] with reshape {{ shape: [ ] }})")
     for i, dim in enumerate(tensor.dims):
         if dim == 0 or dim < -1:
-            raise ConfigError(f"{source}: field '{where}.dims[{i}]': must be -1 or positive, got {dim}")
+            raise ConfigError(f"{source}: {where}dims[{i}]': must be -1 or positive, got {dim}")
 
 
 def _validate_batcher(config: ModelConfig, source: str) -> None:

@@ -207,6 +207,9 @@ class ModelRepositoryManager:
     # ---- loading ---------------------------------------------------------------------------
     async def _load_many(self, names: Iterable[str]) -> None:
         for name in names:
+            entry = self._models.get(name)
+            if entry is not None and entry.state == "READY":
+                continue  # already loaded as an ensemble's dependency
             await self._load_one(name, None, visiting=set())
 
     async def _load_one(self, name: str, override: ModelConfig | None, visiting: set[str]) -> None:

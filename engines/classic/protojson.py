@@ -18,10 +18,10 @@ _INT64 = {FieldDescriptor.TYPE_INT64, FieldDescriptor.TYPE_UINT64, FieldDescript
 
 def message_to_dict(message: Message) -> dict[str, Any]:
     data = json_format.MessageToDict(message, preserving_proto_field_name=True)
-    return _fix(message.DESCRIPTOR, data)
+    return fix_int64(message.DESCRIPTOR, data)
 
 
-def _fix(desc: Descriptor, data: dict[str, Any]) -> dict[str, Any]:
+def fix_int64(desc: Descriptor, data: dict[str, Any]) -> dict[str, Any]:
     for key, value in data.items():
         field = desc.fields_by_name.get(key)
         if field is None:
@@ -29,7 +29,7 @@ def _fix(desc: Descriptor, data: dict[str, Any]) -> dict[str, Any]:
         if field.message_type is not None and field.message_type.GetOptions().map_entry:
             value_field = field.message_type.fields_by_name["value"]
             data[key] = {k: _convert(value_field, v) for k, v in value.items()}
-        elif field.label == FieldDescriptor.LABEL_REPEATED:
+        elif _is_repeated(field):
             data[key] = [_convert(field, v) for v in value]
         else:
             data[key] = _convert(field, value)
@@ -38,7 +38,14 @@ def _fix(desc: Descriptor, data: dict[str, Any]) -> dict[str, Any]:
 
 def _convert(field: FieldDescriptor, value: Any) -> Any:
     if field.message_type is not None and isinstance(value, dict):
-        return _fix(field.message_type, value)
+        return fix_int64(field.message_type, value)
     if field.type in _INT64 and isinstance(value, str):
         return int(value)
     return value
+
+
+def _is_repeated(field: FieldDescriptor) -> bool:
+    is_repeated = getattr(field, "is_repeated", None)  # protobuf >= 6 deprecates .label
+    if is_repeated is not None:
+        return bool(is_repeated)
+    return field.label == FieldDescriptor.LABEL_REPEATED

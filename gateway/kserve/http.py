@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import gzip
+import inspect
 import json
 import logging
 import zlib
@@ -30,10 +31,11 @@ def error_response(exc: InferError) -> JSONResponse:
     return JSONResponse({"error": exc.message}, status_code=views.HTTP_STATUS.get(exc.code, 400))
 
 
-async def guarded(call: Callable[[], Awaitable[Response]]) -> Response:
+async def guarded(call: Callable[[], Awaitable[Response] | Response]) -> Response:
     """Turn InferError (and any unexpected failure) into Triton's error JSON."""
     try:
-        return await call()
+        result = call()
+        return await result if inspect.isawaitable(result) else result
     except InferError as exc:
         return error_response(exc)
     except Exception as exc:  # never let one request take the server down
