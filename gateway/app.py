@@ -66,7 +66,12 @@ def create_app(settings: Settings, llm_specs: list[LLMSpec] | None = None) -> Fa
     app.add_exception_handler(EngineError, engine_error_handler)
     app.add_exception_handler(RequestValidationError, validation_error_handler)
     app.add_exception_handler(StarletteHTTPException, http_error_handler)
-    app.add_middleware(SluiceMiddleware, max_body_bytes=settings.max_body_bytes)
+    def observe(route: str, model: str, status: int) -> None:
+        # Only known model names become label values: clients choose the rest.
+        known = state.llm.has_model(model) or (state.embeddings is not None and model in state.embeddings.models)
+        state.metrics.requests.labels(route, model if known else "", str(status)).inc()
+
+    app.add_middleware(SluiceMiddleware, max_body_bytes=settings.max_body_bytes, observe=observe)
 
     from gateway.openai import chat, completions, embeddings, misc, models
 

@@ -32,9 +32,11 @@ class SluiceMiddleware:
     Content-Length, or while streaming a chunked body), and logs one line per
     request: method, path, status, duration and body size, never the body."""
 
-    def __init__(self, app: ASGIApp, max_body_bytes: int) -> None:
+    def __init__(self, app: ASGIApp, max_body_bytes: int,
+                 observe: Callable[[str, str, int], None] | None = None) -> None:
         self.app = app
         self.max_body_bytes = max_body_bytes
+        self.observe = observe  # (route template, model, status) per finished request
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -72,6 +74,11 @@ class SluiceMiddleware:
             if status["code"] == 0:
                 await self._too_large(scope, send, request_id)
         finally:
+            if self.observe is not None:
+                route = scope.get("route")
+                template = getattr(route, "path", None) or "unmatched"
+                model = str(scope.get("state", {}).get("sluice_model", ""))
+                self.observe(template, model, status["code"] or 413)
             log.info("%s %s %s %.1fms body=%dB", scope.get("method"), scope.get("path"), status["code"] or 413,
                      (time.monotonic() - t0) * 1000, size["bytes"])
 

@@ -75,6 +75,7 @@ def prepare(request: Request, body: ChatCompletionRequest) -> Dispatch:
 
 @router.post("/v1/chat/completions")
 async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
+    request.state.sluice_model = body.model
     d = prepare(request, body)
     headers = d.headers(request.headers.get("x-request-id"))
     if body.stream:

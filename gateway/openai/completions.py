@@ -62,6 +62,7 @@ def prepare(request: Request, body: CompletionRequest) -> tuple[Dispatch, list[t
 
 @router.post("/v1/completions")
 async def completions(body: CompletionRequest, request: Request) -> Response:
+    request.state.sluice_model = body.model
     d, prompts = prepare(request, body)
     headers = d.headers(request.headers.get("x-request-id"))
     if body.stream:

@@ -92,6 +92,7 @@ class EmbeddingBridge:
 
 @router.post("/v1/embeddings")
 async def embeddings(body: EmbeddingRequest, request: Request) -> JSONResponse:
+    request.state.sluice_model = body.model
     bridge: EmbeddingBridge | None = state_of(request).embeddings
     model = bridge.models.get(body.model) if bridge else None
     if model is None or bridge is None:

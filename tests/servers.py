@@ -1,0 +1,101 @@
+"""Start real Sluice servers (uvicorn in a subprocess) for tests."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_REPO = ROOT / "model_repository"
+LLM_NAME = "smollm2-135m-instruct"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class Server:
+    proc: subprocess.Popen[bytes]
+    http_port: int
+    grpc_port: int
+    log_path: Path
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.http_port}"
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=10)
+
+
+def llm_only_repository(tmp: Path) -> Path:
+    """A repository holding just the default LLM (faster start, no classic models)."""
+    repo = tmp / "repo"
+    repo.mkdir(parents=True, exist_ok=True)
+    shutil.copytree(DEFAULT_REPO / LLM_NAME, repo / LLM_NAME, dirs_exist_ok=True)
+    return repo
+
+
+def start_server(args: list[str], log_path: Path, *, env: dict[str, str] | None = None,
+                 grpc: bool = False, ready_timeout_s: float = 240.0) -> Server:
+    http_port = free_port()
+    grpc_port = free_port() if grpc else 0
+    cmd = [sys.executable, "-m", "gateway.cli", "serve", "--host", "127.0.0.1",
+           "--http-port", str(http_port), "--grpc-port", str(grpc_port), *args]
+    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+    log = log_path.open("wb")
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=full_env)
+    server = Server(proc, http_port, grpc_port, log_path)
+    wait_healthy(server, ready_timeout_s)
+    return server
+
+
+def wait_healthy(server: Server, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if server.proc.poll() is not None:
+            raise RuntimeError(f"server exited with {server.proc.returncode}:\n{server.log()[-4000:]}")
+        try:
+            if httpx.get(server.url + "/health", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    server.stop()
+    raise RuntimeError(f"server not healthy after {timeout_s}s:\n{server.log()[-4000:]}")
+
+
+def metric_value(text: str, name: str, labels: dict[str, str] | None = None) -> float | None:
+    """The value of one sample in Prometheus text format (None when absent)."""
+    for line in text.splitlines():
+        if line.startswith("#") or not line.startswith(name):
+            continue
+        head, _, value = line.rpartition(" ")
+        metric, _, label_text = head.partition("{")
+        if metric != name:
+            continue
+        if labels and any(f'{k}="{v}"' not in label_text for k, v in labels.items()):
+            continue
+        return float(value)
+    return None
