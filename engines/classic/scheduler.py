@@ -69,7 +69,11 @@ class Scheduler:
             self._stats.request_done(False, time.monotonic_ns() - now_ns)
             raise unavailable(str(exc)) from None
         self._wake.set()
-        return await future
+        try:
+            return await future
+        except asyncio.CancelledError:
+            self._wake.set()  # let the driver drop the cancelled entry and free its queue slot now
+            raise
 
     def pending_count(self) -> int:
         return len(self._queue)

@@ -50,7 +50,7 @@ def load_python_instance(config: mc.ModelConfig, version_dir: Path, index: int, 
     from engines.classic.backends import model_file
 
     path = model_file(config, version_dir, "model.py")
-    module = _import(path)
+    module = _import(path, config.name)
     args = {
         "model_config": to_json(config),
         "model_instance_kind": "CPU",
@@ -67,17 +67,20 @@ def load_python_instance(config: mc.ModelConfig, version_dir: Path, index: int, 
     raise ConfigError(f"{path}: defines neither TritonPythonModel nor SluiceModel")
 
 
-def _import(path: Path) -> ModuleType:
-    name = f"sluice_python_model_{next(_module_ids)}"
+def _import(path: Path, model_name: str) -> ModuleType:
+    """Import model.py under a unique module name (each instance gets its own module, as in Triton)."""
+    name = f"sluice_python_model_{next(_module_ids)}_{model_name}"
     spec = importlib.util.spec_from_file_location(name, path)
     if spec is None or spec.loader is None:
         raise ConfigError(f"{path}: cannot be imported")
     module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # so pickling, dataclasses and tracebacks can find it
     # Triton puts the version directory on sys.path so model.py can import its neighbours.
     sys.path.insert(0, str(path.parent))
     try:
         spec.loader.exec_module(module)
     except Exception as exc:
+        sys.modules.pop(name, None)
         raise ConfigError(f"{path}: import failed: {type(exc).__name__}: {exc}") from None
     finally:
         with contextlib.suppress(ValueError):
