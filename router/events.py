@@ -208,7 +208,8 @@ class EventApplier:
     under each one's salted chain (workers almost always serve one name).
     """
 
-    def __init__(self, worker: str, models: Sequence[str], index: PrefixIndex, max_mapped_blocks: int) -> None:
+    def __init__(self, worker: str, models: Sequence[str], index: PrefixIndex,
+                 max_mapped_blocks: int) -> None:
         self.worker = worker
         self.models = tuple(models)
         self._index = index

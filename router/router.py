@@ -86,8 +86,12 @@ class Router:
         health = old.health if old else WorkerHealth(
             c.unhealthy_after_failures,
             CircuitBreaker(c.breaker_failures, c.breaker_cooldown_s, c.breaker_max_cooldown_s))
-        applier = EventApplier(info.name, info.models, self._index, c.max_blocks_per_worker)
-        w = _Worker(info, health, applier, info.block_size or (old.block_size if old else c.default_block_size))
+        # Keep the engine->router hash map across a re-registration, or removals of
+        # blocks stored before it could no longer be applied.
+        applier = (old.applier if old and old.info.models == info.models
+                   else EventApplier(info.name, info.models, self._index, c.max_blocks_per_worker))
+        block_size = info.block_size or (old.block_size if old else c.default_block_size)
+        w = _Worker(info, health, applier, block_size)
         self._workers[info.name] = w
         capacity = None if info.has_events else (info.capacity_blocks or c.approx_capacity_blocks)
         self._index.add_worker(info.name, capacity)
