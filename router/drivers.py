@@ -79,7 +79,9 @@ class Drivers:
     def stop_worker(self, name: str) -> None:
         for t in self._tasks.pop(name, []):
             t.cancel()
-        self.subscribers.pop(name, None)
+        sub = self.subscribers.pop(name, None)
+        if isinstance(sub, ZmqEventSubscriber):
+            sub.close()  # a bound endpoint must be free again for a re-registration
 
     async def stop(self) -> None:
         tasks = [t for ts in self._tasks.values() for t in ts]
@@ -88,6 +90,10 @@ class Drivers:
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        for sub in self.subscribers.values():
+            if isinstance(sub, ZmqEventSubscriber):
+                sub.close()
+        self.subscribers.clear()
         self._tasks.clear()
         await self._client.aclose()
 

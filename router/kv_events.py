@@ -85,6 +85,11 @@ class ZmqEventSubscriber:
                 frames = await self._sub.recv_multipart()
                 await self._handle(frames)
         finally:
+            self.close()
+
+    def close(self) -> None:
+        """Close the socket (idempotent); needed when `run` was cancelled before it started."""
+        if not self._sub.closed:
             self._sub.close(linger=0)
 
     async def _handle(self, frames: list[bytes]) -> None:
