@@ -18,6 +18,11 @@ class Code(str, Enum):
     ALREADY_EXISTS = "ALREADY_EXISTS"
 
 
+# Triton's HTTP mapping of its status codes.
+HTTP_STATUS = {Code.INVALID_ARG: 400, Code.NOT_FOUND: 404, Code.UNAVAILABLE: 503, Code.INTERNAL: 500,
+               Code.UNSUPPORTED: 501, Code.ALREADY_EXISTS: 409}
+
+
 class InferError(Exception):
     """A request (or a repository call) failed; `message` is safe to return to the client."""
 
@@ -25,6 +30,11 @@ class InferError(Exception):
         super().__init__(message)
         self.message = message
         self.code = code
+
+    @property
+    def status_code(self) -> int:
+        """The HTTP status Triton answers for this error (400/404/409/500/501/503)."""
+        return HTTP_STATUS.get(self.code, 400)
 
     def __repr__(self) -> str:
         return f"InferError({self.code.value}: {self.message})"

@@ -28,7 +28,7 @@ HEADER_LENGTH = "Inference-Header-Content-Length"
 
 
 def error_response(exc: InferError) -> JSONResponse:
-    return JSONResponse({"error": exc.message}, status_code=views.HTTP_STATUS.get(exc.code, 400))
+    return JSONResponse({"error": exc.message}, status_code=exc.status_code)
 
 
 async def guarded(call: Callable[[], Awaitable[Response] | Response]) -> Response:

@@ -18,8 +18,6 @@ SERVER_NAME = "sluice"
 SERVER_VERSION = "0.1.0"
 EXTENSIONS = ["classification", "model_repository", "model_repository(unload_dependents)", "schedule_policy",
               "model_configuration", "statistics", "binary_tensor_data", "generate"]
-HTTP_STATUS = {Code.INVALID_ARG: 400, Code.NOT_FOUND: 404, Code.UNAVAILABLE: 503, Code.INTERNAL: 500,
-               Code.UNSUPPORTED: 501, Code.ALREADY_EXISTS: 409}
 
 
 def to_dict(message: Any) -> dict[str, Any]:

@@ -188,7 +188,8 @@ def build_test_repo(root: Path) -> Path:
 
     repo = root / "repo"
     repo.mkdir()
-    for name in ("digits_onnx", "breast_cancer_gb", "digits_preprocess", "digits_postprocess", "digits_ensemble"):
+    for name in ("digits_onnx", "breast_cancer_gb", "digits_preprocess", "digits_postprocess", "digits_ensemble",
+                 "all-minilm-l6-v2"):
         shutil.copytree(REPO_SRC / name, repo / name, ignore=shutil.ignore_patterns("*.onnx", "__pycache__"))
     build_all(repo, CACHE)
     # Long delay + preferred size: concurrent requests are certain to share executions.

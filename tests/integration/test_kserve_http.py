@@ -334,3 +334,18 @@ def test_load_reports_bad_model_and_server_keeps_serving(server, client):
     assert resp.status_code == 400 and "error" in resp.json()
     assert client.is_server_ready()
     assert base64  # used above for the raw call's content contract
+
+
+def test_embedding_model_over_kserve(client):
+    texts = np.array([[b"A cat sits on the mat."], [b"A kitten is sitting on a rug."],
+                      [b"Quarterly revenue grew by ten percent."]], dtype=object)
+    inp = httpclient.InferInput("TEXT", [3, 1], "BYTES")
+    inp.set_data_from_numpy(texts)
+    emb = client.infer("all-minilm-l6-v2", [inp]).as_numpy("EMBEDDING")
+    assert emb.shape == (3, 384) and emb.dtype == np.float32
+    assert np.allclose(np.linalg.norm(emb, axis=1), 1.0, atol=1e-4)
+    assert emb[0] @ emb[1] > emb[0] @ emb[2] + 0.2  # similar sentences are closer
+    single = httpclient.InferInput("TEXT", [1, 1], "BYTES")
+    single.set_data_from_numpy(texts[:1])
+    alone = client.infer("all-minilm-l6-v2", [single]).as_numpy("EMBEDDING")
+    assert np.allclose(alone[0], emb[0], atol=1e-4)  # padding in a batch does not change a row
