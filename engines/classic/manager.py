@@ -31,7 +31,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 from engines.classic import repository as repo
 from engines.classic.config import ModelConfig, load_config, normalise, parse_json, validate
 from engines.classic.ensemble import step_models, validate_ensemble
-from engines.classic.errors import Code, ConfigError, InferError, invalid, not_found, unavailable
+from engines.classic.errors import ConfigError, InferError, invalid, not_found, unavailable
 from engines.classic.model import ModelVersion
 from engines.classic.request import InferRequest
 from engines.classic.stats import StatsSnapshot

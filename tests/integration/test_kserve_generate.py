@@ -6,7 +6,6 @@ gateway injects; these tests are about the protocol layer, not an engine.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import queue
 import threading
@@ -136,4 +135,3 @@ def test_grpc_llm_infer_and_stream(servers):
         assert err.value.status() == "StatusCode.NOT_FOUND"
     finally:
         client.close()
-    assert asyncio  # the servers fixture runs its own loop in a thread
