@@ -37,7 +37,26 @@ def build_state(settings: Settings) -> AppState:
     metrics = LLMMetrics(registry)
     llm = LLMService(metrics, AdmissionConfig(settings.max_running, settings.max_queued))
     registry.register(EngineStatsCollector(llm.engine_stats))
-    return AppState(settings=settings, registry=registry, metrics=metrics, llm=llm)
+    state = AppState(settings=settings, registry=registry, metrics=metrics, llm=llm)
+    _attach_router(state)
+    return state
+
+
+def _attach_router(state: AppState) -> None:
+    """The router and worker pool exist in every gateway, so workers can register at any time."""
+    from router import Router, RouterConfig
+
+    from gateway.workers import WorkerPool
+
+    s = state.settings
+    config = s.router_config or RouterConfig(policy=s.routing_policy)
+    shared = None
+    if s.redis_url:
+        from router.redis_state import RedisSharedState, RedisStateConfig
+
+        shared = RedisSharedState(RedisStateConfig(url=s.redis_url))
+    state.router = Router(config, state.registry, shared)
+    state.workers = WorkerPool(state.llm, state.router, s.model_repository)
 
 
 def create_app(settings: Settings, llm_specs: list[LLMSpec] | None = None) -> FastAPI:
@@ -48,12 +67,15 @@ def create_app(settings: Settings, llm_specs: list[LLMSpec] | None = None) -> Fa
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         grpc_server = await _start_grpc(state)
+        await state.router.start()
         task = asyncio.create_task(_bootstrap(state, llm_specs), name="sluice-bootstrap")
         try:
             yield
         finally:
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
+            await state.workers.stop()
+            await state.router.stop()
             if grpc_server is not None:
                 await grpc_server.stop(grace=2)
             if state.classic is not None:
@@ -73,9 +95,10 @@ def create_app(settings: Settings, llm_specs: list[LLMSpec] | None = None) -> Fa
 
     app.add_middleware(SluiceMiddleware, max_body_bytes=settings.max_body_bytes, observe=observe)
 
+    from gateway import admin
     from gateway.openai import chat, completions, embeddings, misc, models
 
-    for module in (chat, completions, embeddings, models, misc):
+    for module in (chat, completions, embeddings, models, misc, admin):
         app.include_router(module.router)
     _include_kserve(app, state)
     return app
@@ -121,10 +144,40 @@ async def _start_grpc(state: AppState) -> Any:
     return await start_grpc_server(state.classic, state.llm, s.host, s.grpc_port)
 
 
+async def _add_static_workers(state: AppState, deadline_s: float = 900.0) -> None:
+    """Register --worker / --workers-file entries, waiting for workers that are still starting."""
+    import yaml
+
+    from gateway.workers import WorkerRecord, discover_kv_events, parse_worker_arg
+
+    s = state.settings
+    records = [parse_worker_arg(w, i) for i, w in enumerate(s.workers)]
+    if s.workers_file is not None:
+        data = yaml.safe_load(s.workers_file.read_text()) or []
+        items = data.get("workers", []) if isinstance(data, dict) else data
+        records += [WorkerRecord.from_dict(item) for item in items]
+    loop = asyncio.get_running_loop()
+    end = loop.time() + deadline_s
+    for record in records:
+        while True:
+            try:
+                await state.workers.add(await discover_kv_events(record))
+                break
+            except EngineError as e:
+                if loop.time() > end:
+                    raise
+                log.info("waiting for worker %s: %s", record.name, e.message)
+                await asyncio.sleep(1.0)
+
+
 async def _bootstrap(state: AppState, llm_specs: list[LLMSpec] | None) -> None:
     """Load every model; /health turns 200 only when all are ready."""
     s = state.settings
     try:
+        if s.has_static_workers:
+            # Workers serve the LLMs; the gateway does not load them in-process too.
+            await _add_static_workers(state)
+            llm_specs = llm_specs or []
         if llm_specs is None and s.model_repository is not None:
             llm_specs = await asyncio.to_thread(llm_specs_from_repository, s.model_repository, s.served_llms)
         for spec in llm_specs or []:

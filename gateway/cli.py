@@ -20,7 +20,11 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--load-model", action="append", default=[], help="with explicit mode: load at start")
     p.add_argument("--llm", action="append", default=[],
                    help="serve only these LLMs of the repository (default: all)")
-    p.add_argument("--worker", action="append", default=[], help="remote LLM worker URL (repeatable)")
+    p.add_argument("--worker", action="append", default=[],
+                   help="remote LLM worker, URL or NAME=URL (repeatable); LLMs then come from workers")
+    p.add_argument("--workers-file", type=Path, default=None, help="YAML list of worker records")
+    p.add_argument("--redis-url", default=os.environ.get("SLUICE_REDIS_URL"),
+                   help="share routing state with other gateway replicas through Redis")
     p.add_argument("--routing-policy", default="prefix",
                    choices=["prefix", "least_load", "round_robin", "session"])
     p.add_argument("--max-running", type=int, default=64, help="admitted requests per model")
@@ -81,6 +85,7 @@ def _serve(args: argparse.Namespace) -> int:
         workers=tuple(args.worker), routing_policy=args.routing_policy, max_running=args.max_running,
         max_queued=args.max_queued, max_body_bytes=args.max_body_bytes,
         engine_max_batch_size=args.max_batch_size, served_llms=tuple(args.llm),
+        workers_file=args.workers_file, redis_url=args.redis_url,
     )
     run(settings, log_level=args.log_level)
     return 0

@@ -47,6 +47,8 @@ class Backend(Protocol):
 
     def engines(self) -> Sequence[tuple[str, LLMEngine]]: ...
 
+    def ready(self) -> bool: ...
+
 
 class LocalBackend:
     """A single in-process engine."""
@@ -60,6 +62,9 @@ class LocalBackend:
 
     def engines(self) -> Sequence[tuple[str, LLMEngine]]:
         return [(self._target_name, self.engine)]
+
+    def ready(self) -> bool:
+        return self.engine.ready()
 
 
 @dataclass(slots=True)
@@ -102,7 +107,7 @@ class LLMService:
         return model
 
     def ready(self) -> bool:
-        return all(e.ready() for m in self.models.values() for _, e in m.backend.engines())
+        return all(m.backend.ready() for m in self.models.values())
 
     def engine_stats(self) -> list[tuple[str, Any]]:
         return [(m.name, e.stats()) for m in self.models.values() for _, e in m.backend.engines()]
@@ -215,17 +220,26 @@ class LLMService:
         if target.on_dispatch:
             target.on_dispatch()
         clock = _StreamClock(self.metrics, model.name, t0, target)
+        # Only worker faults count against a worker (circuit breaker), not a
+        # client that went away or a request the engine refused as invalid.
+        failed = True
         try:
             async with aclosing(target.engine.generate(request)) as stream:
                 async for delta in stream:
                     clock.tick(delta)
                     if delta.finish_reason is not None:
-                        clock.failed = delta.finish_reason == "error"
+                        failed = delta.finish_reason == "error"
                         self._account(model, request, delta)
                     yield delta
+        except EngineError as e:
+            failed = e.retryable or e.status_code >= 500
+            raise
+        except (asyncio.CancelledError, GeneratorExit):
+            failed = False
+            raise
         finally:
             if target.on_finish:
-                target.on_finish(clock.reported_cached, clock.failed)
+                target.on_finish(clock.reported_cached, failed)
 
     def _account(self, model: LLMModel, request: EngineRequest, last: Delta) -> None:
         m = self.metrics
@@ -269,7 +283,6 @@ class _StreamClock:
         self.m, self.model, self.last_t, self.target = metrics, model, t0, target
         self.t0 = t0
         self.first = True
-        self.failed = True  # until a final delta says otherwise
         self.reported_cached: int | None = None
 
     def tick(self, delta: Delta) -> None:

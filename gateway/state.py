@@ -22,6 +22,8 @@ class AppState:
     llm: LLMService
     classic: Any = None  # engines.classic.ModelRepositoryManager, when a repository is served
     embeddings: Any = None  # gateway.openai.embeddings.EmbeddingBridge
+    router: Any = None  # router.Router
+    workers: Any = None  # gateway.workers.WorkerPool
     started_at: float = field(default_factory=time.time)
     ready: bool = False  # set once every model can serve
     startup_error: str | None = None

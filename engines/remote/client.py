@@ -25,6 +25,7 @@ from engines.remote.stream import StreamAssembler
 log = logging.getLogger(__name__)
 
 _END = object()  # queue sentinel: the reader finished without an exception
+_STOP_GRACE_S = 1.0  # how long an asked-to-stop reader may take before it is cancelled
 _DONE_GRACE_S = 2.0  # after the final Delta, how long the reader may take to read "[DONE]"
 
 
@@ -67,6 +68,11 @@ class RemoteEngine:
         self._client = client
         self._owns_client = client is None
         self._readers: dict[str, asyncio.Task[None]] = {}
+        # Asking a reader to stop lets it leave the HTTP stream normally, which
+        # closes the connection (and so aborts upstream). Cancelling a task that
+        # is inside httpx's stream was seen to leave the pooled connection open
+        # while the worker kept generating; cancellation is only the fallback.
+        self._stops: dict[str, asyncio.Event] = {}
         self._max_seen = 0
         self._healthy = False
 
@@ -124,8 +130,16 @@ class RemoteEngine:
         """Close the request's upstream stream; idempotent, unknown ids are ignored."""
         reader = self._readers.get(request_id)
         if reader is not None and not reader.done():
+            await self._stop_reader(request_id, reader)
+
+    async def _stop_reader(self, request_id: str, reader: asyncio.Task[None]) -> None:
+        stop = self._stops.get(request_id)
+        if stop is not None:
+            stop.set()
+            await asyncio.wait({reader}, timeout=_STOP_GRACE_S)
+        if not reader.done():
             reader.cancel()
-            await asyncio.gather(reader, return_exceptions=True)
+        await asyncio.gather(reader, return_exceptions=True)
 
     async def generate(self, request: EngineRequest) -> AsyncIterator[Delta]:
         """Stream Deltas; raises EngineError before the first Delta (see LLMEngine)."""
@@ -134,7 +148,9 @@ class RemoteEngine:
         path, body = build_body(request, self.config.dialect, self.config.served_model)
         queue: asyncio.Queue[Any] = asyncio.Queue()
         assembler = StreamAssembler(chat=request.kind == "chat")
-        reader = asyncio.create_task(self._read(path, body, request.request_id, assembler, queue))
+        stop = asyncio.Event()
+        self._stops[request.request_id] = stop
+        reader = asyncio.create_task(self._read(path, body, request.request_id, assembler, queue, stop))
         self._readers[request.request_id] = reader
         self._max_seen = max(self._max_seen, len(self._readers))
         try:
@@ -145,9 +161,10 @@ class RemoteEngine:
                 await asyncio.wait({reader}, timeout=_DONE_GRACE_S)
         finally:
             if not reader.done():
-                reader.cancel()  # consumer went away: closing the stream aborts upstream
-                await asyncio.gather(reader, return_exceptions=True)
+                # The consumer went away: closing the stream aborts upstream.
+                await asyncio.shield(self._stop_reader(request.request_id, reader))
             self._readers.pop(request.request_id, None)
+            self._stops.pop(request.request_id, None)
 
     async def _drain(self, queue: asyncio.Queue[Any], reader: asyncio.Task[None],
                      assembler: StreamAssembler) -> AsyncIterator[Delta]:
@@ -172,7 +189,7 @@ class RemoteEngine:
                 return
 
     async def _read(self, path: str, body: dict[str, Any], request_id: str,
-                    assembler: StreamAssembler, queue: asyncio.Queue[Any]) -> None:
+                    assembler: StreamAssembler, queue: asyncio.Queue[Any], stop: asyncio.Event) -> None:
         """Own the HTTP stream; put Deltas, one EngineError, or _END on the queue."""
         headers = {"X-Request-Id": request_id}
         try:
@@ -181,11 +198,11 @@ class RemoteEngine:
                     queue.put_nowait(normalize_error(response.status_code, await response.aread()))
                     return
                 async for data in _sse_data(response):
-                    if data == "[DONE]":
+                    if data == "[DONE]" or stop.is_set():
                         break
                     for delta in assembler.feed(json.loads(data)):
                         queue.put_nowait(delta)
-            queue.put_nowait(_END)
+            queue.put_nowait(None if stop.is_set() else _END)  # None: aborted on request
         except asyncio.CancelledError:
             raise
         except (httpx.HTTPError, ValueError) as exc:

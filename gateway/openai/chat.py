@@ -12,7 +12,7 @@ from engines.base import EngineRequest
 from gateway.errors import OpenAIError
 from gateway.llm_service import LLMModel
 from gateway.openai.schemas import ChatCompletionRequest, ChatMessage
-from gateway.openai.streaming import Dispatch, UsageTally, dispatch, new_id, sse
+from gateway.openai.streaming import Dispatch, UsageTally, dispatch, new_id, sse, unless_disconnected
 from gateway.state import hints_from, state_of
 
 router = APIRouter()
@@ -80,7 +80,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
     headers = d.headers(request.headers.get("x-request-id"))
     if body.stream:
         return sse(stream_chunks(d, body), ping_s=state_of(request).settings.sse_ping_s, headers=headers)
-    return JSONResponse(await collect(d, body), headers=headers)
+    return JSONResponse(await unless_disconnected(request, collect(d, body)), headers=headers)
 
 
 def _chunk(d: Dispatch, model: LLMModel, choices: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:

@@ -12,7 +12,7 @@ from engines.base import EngineRequest
 from gateway.errors import OpenAIError
 from gateway.llm_service import LLMModel
 from gateway.openai.schemas import CompletionRequest
-from gateway.openai.streaming import Dispatch, UsageTally, dispatch, new_id, sse
+from gateway.openai.streaming import Dispatch, UsageTally, dispatch, new_id, sse, unless_disconnected
 from gateway.state import hints_from, state_of
 
 router = APIRouter()
@@ -68,7 +68,7 @@ async def completions(body: CompletionRequest, request: Request) -> Response:
     if body.stream:
         return sse(stream_chunks(d, body, prompts), ping_s=state_of(request).settings.sse_ping_s,
                    headers=headers)
-    return JSONResponse(await collect(d, body, prompts), headers=headers)
+    return JSONResponse(await unless_disconnected(request, collect(d, body, prompts)), headers=headers)
 
 
 def _echo_text(d: Dispatch, prompt: tuple[list[int], str | None]) -> str:

@@ -7,6 +7,7 @@ disconnects; cancellation closes the engine stream, which aborts the request.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import time
@@ -75,6 +76,43 @@ def error_body(exc: BaseException) -> dict[str, Any]:
     return OpenAIError(500, "internal error while streaming").body()
 
 
+class _ClosingEventSourceResponse(EventSourceResponse):
+    """Closes the event source explicitly when the response ends.
+
+    On a client disconnect sse-starlette cancels its sender; if the generator was
+    suspended at a `yield` it would only be closed later by garbage collection,
+    and the engine request would run on. Closing it here aborts it at once."""
+
+    def __init__(self, source: Any, **kwargs: Any) -> None:
+        super().__init__(source, **kwargs)
+        self._source = source
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            await self._source.aclose()
+
+
+async def unless_disconnected(request: Any, work: Any, poll_s: float = 0.25) -> Any:
+    """Await `work` (a coroutine) but cancel it if the client goes away, so a
+    non-streaming request's engine work is aborted too."""
+    task = asyncio.ensure_future(work)
+    try:
+        while True:
+            done, _ = await asyncio.wait({task}, timeout=poll_s)
+            if done:
+                return task.result()
+            if await request.is_disconnected():
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+                raise OpenAIError(499, "client closed the request", code="client_closed_request")
+    finally:
+        if not task.done():
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+
 def sse(events: AsyncIterator[dict[str, Any]], *, ping_s: float, headers: dict[str, str]) -> EventSourceResponse:
     """Relay JSON payloads as SSE `data:` lines; end with `[DONE]`, or with an
     error event and then `[DONE]`, never by hanging."""
@@ -90,8 +128,8 @@ def sse(events: AsyncIterator[dict[str, Any]], *, ping_s: float, headers: dict[s
             yield {"data": json.dumps(error_body(e))}
         yield {"data": "[DONE]"}
 
-    return EventSourceResponse(gen(), ping=max(ping_s, 0.05), sep="\n", headers=headers,
-                               media_type="text/event-stream")
+    return _ClosingEventSourceResponse(gen(), ping=max(ping_s, 0.05), sep="\n", headers=headers,
+                                       media_type="text/event-stream")
 
 
 def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int | None) -> dict[str, Any]:

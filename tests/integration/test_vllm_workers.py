@@ -7,10 +7,7 @@ Both workers are started through the real launcher (`python -m engines.launchers
 from __future__ import annotations
 
 import asyncio
-import os
-import subprocess
-import sys
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 
 import httpx
 import pytest
@@ -19,41 +16,10 @@ from engines.base import Delta, EngineRequest, SamplingParams
 from engines.remote import RemoteEngine, RemoteEngineConfig
 from router.events import BlockStored, EventBatch
 from router.kv_events import ZmqEventSubscriber
-from tests.integration.vllm_support import (ROOT, free_port_pair, metric_value, stop_process, tiny_llama_dir,
-                                            vllm_python, wait_healthy)
+from tests.integration.conftest import BLOCK, MODEL, Worker
+from tests.integration.vllm_support import metric_value
 
 pytestmark = [pytest.mark.integration, pytest.mark.vllm]
-
-MODEL = "tiny-llama"
-BLOCK = 128  # vLLM's KV block size on CPU
-
-
-class Worker:
-    def __init__(self, url: str, kv_port: int, proc: subprocess.Popen[bytes]) -> None:
-        self.url, self.kv_port, self.proc = url, kv_port, proc
-        self.batches: list[EventBatch] = []
-
-
-@pytest.fixture(scope="module")
-def workers() -> Iterator[list[Worker]]:
-    python = vllm_python()
-    model_dir = tiny_llama_dir()
-    env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1", SLUICE_VLLM_PYTHON=python)
-    started: list[Worker] = []
-    try:
-        for _ in range(2):
-            port, kv_port = free_port_pair(), free_port_pair()
-            argv = [sys.executable, "-m", "engines.launchers", "--engine", "vllm", "--model", str(model_dir),
-                    "--served-model-name", MODEL, "--port", str(port), "--kv-events-port", str(kv_port),
-                    "--max-model-len", "2048"]
-            proc = subprocess.Popen(argv, cwd=ROOT, env=env, start_new_session=True)
-            started.append(Worker(f"http://127.0.0.1:{port}", kv_port, proc))
-        for worker in started:
-            wait_healthy(worker.url, worker.proc)
-        yield started
-    finally:
-        for worker in started:
-            stop_process(worker.proc)
 
 
 @pytest.fixture(scope="module")

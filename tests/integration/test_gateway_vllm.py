@@ -1,0 +1,111 @@
+"""The gateway in front of two real vLLM workers, driven by the official OpenAI SDK."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import httpx
+import openai
+import pytest
+
+from tests.integration.conftest import BLOCK, MODEL, Worker
+from tests.integration.vllm_support import metric_value as vllm_metric
+from tests.servers import Server, metric_value
+
+pytestmark = [pytest.mark.integration, pytest.mark.vllm]
+
+CHAT = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Name three rivers."}]
+
+
+def sdk(server: Server) -> openai.OpenAI:
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+
+
+def _by_name(workers: list[Worker], name: str) -> Worker:
+    return next(w for w in workers if w.name == name)
+
+
+def test_models_come_from_workers(gateway: Server) -> None:
+    assert [m.id for m in sdk(gateway).models.list()] == [MODEL]
+
+
+def test_chat_stream_equals_direct_worker_call(gateway: Server, workers: list[Worker]) -> None:
+    raw = sdk(gateway).chat.completions.with_raw_response.create(
+        model=MODEL, messages=CHAT, temperature=0, max_tokens=16, stream=True,
+        stream_options={"include_usage": True}, extra_body={"ignore_eos": True})
+    worker = _by_name(workers, raw.headers["x-sluice-worker"])
+    chunks = list(raw.parse())
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    direct = httpx.post(worker.url + "/v1/chat/completions", timeout=120, json={
+        "model": MODEL, "messages": CHAT, "temperature": 0, "max_tokens": 16, "ignore_eos": True}).json()
+    assert text == direct["choices"][0]["message"]["content"]
+    assert chunks[-1].usage.prompt_tokens == direct["usage"]["prompt_tokens"]
+    assert chunks[-1].usage.completion_tokens == 16
+
+
+def test_gateway_token_count_equals_engine_prompt_tokens(gateway: Server) -> None:
+    tok = httpx.post(gateway.url + "/tokenize", json={"model": MODEL, "messages": CHAT}).json()
+    r = sdk(gateway).chat.completions.create(model=MODEL, messages=CHAT, max_tokens=1)
+    assert r.usage.prompt_tokens == tok["count"]
+
+
+def test_completions_with_text_and_token_ids(gateway: Server, workers: list[Worker]) -> None:
+    c = sdk(gateway)
+    ids = list(range(500, 540))
+    raw = c.completions.with_raw_response.create(model=MODEL, prompt=ids, max_tokens=8, temperature=0,
+                                                 extra_body={"ignore_eos": True})
+    worker = _by_name(workers, raw.headers["x-sluice-worker"])
+    direct = httpx.post(worker.url + "/v1/completions", timeout=120, json={
+        "model": MODEL, "prompt": ids, "max_tokens": 8, "temperature": 0, "ignore_eos": True}).json()
+    assert raw.parse().choices[0].text == direct["choices"][0]["text"]
+    streamed = c.completions.create(model=MODEL, prompt="Once upon a time", max_tokens=8, temperature=0,
+                                    stream=True, extra_body={"ignore_eos": True})
+    assert "".join(ch.choices[0].text for ch in streamed if ch.choices)
+
+
+def test_cached_tokens_reach_the_client(gateway: Server) -> None:
+    ids = [3000 + (i * 17) % 9000 for i in range(2 * BLOCK + 20)]
+    c = sdk(gateway)
+    first = c.completions.create(model=MODEL, prompt=ids, max_tokens=1)
+    second = c.completions.create(model=MODEL, prompt=ids, max_tokens=1)
+    assert first.usage.prompt_tokens_details.cached_tokens == 0
+    assert second.usage.prompt_tokens_details.cached_tokens == 2 * BLOCK
+
+
+async def test_disconnect_aborts_on_the_vllm_worker(gateway: Server, workers: list[Worker]) -> None:
+    body = {"model": MODEL, "prompt": list(range(700, 740)), "max_tokens": 1800, "ignore_eos": True,
+            "stream": True}
+    async with httpx.AsyncClient(timeout=120) as http:
+        async with http.stream("POST", gateway.url + "/v1/completions", json=body) as r:
+            worker = _by_name(workers, r.headers["x-sluice-worker"])
+            async for line in r.aiter_lines():
+                if line.startswith("data: {"):
+                    break
+            running = vllm_metric((await http.get(worker.url + "/metrics")).text, "vllm:num_requests_running")
+            assert running >= 1
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            running = vllm_metric((await http.get(worker.url + "/metrics")).text, "vllm:num_requests_running")
+            if running == 0:
+                break
+            await asyncio.sleep(0.1)
+    assert running == 0
+
+
+def test_gateway_decodes_kv_events_from_both_workers(gateway: Server, workers: list[Worker]) -> None:
+    c = sdk(gateway)
+    for policy in ("round_robin", "round_robin"):
+        ids = [6000 + (i * 31) % 8000 for i in range(BLOCK + 5)]
+        c.with_options(default_headers={"X-Routing-Policy": policy}).completions.create(
+            model=MODEL, prompt=ids, max_tokens=1)
+    deadline = time.monotonic() + 15
+    counts: dict[str, float] = {}
+    while time.monotonic() < deadline:
+        text = httpx.get(gateway.url + "/metrics").text
+        counts = {w.name: metric_value(text, "sluice_router_kv_events_total", {"worker": w.name}) or 0
+                  for w in workers}
+        if all(v > 0 for v in counts.values()):
+            break
+        time.sleep(0.2)
+    assert all(v > 0 for v in counts.values()), counts
