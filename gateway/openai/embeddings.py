@@ -102,7 +102,8 @@ async def embeddings(body: EmbeddingRequest, request: Request) -> JSONResponse:
                           param="dimensions")
     texts, tokens = bridge.texts(model, body)
     try:
-        out = await bridge.manager.infer(model.name, "", {"TEXT": np.array(texts, dtype=object)}, ["EMBEDDING"])
+        rows = np.array(texts, dtype=object).reshape(-1, 1)  # batched model: [N, 1] per Triton's rules
+        out = await bridge.manager.infer(model.name, "", {"TEXT": rows}, ["EMBEDDING"])
     except Exception as e:  # the repository manager reports unavailable/queue-full models
         status = int(getattr(e, "status_code", 503))
         raise OpenAIError(status, f"embedding model failed: {e}", err_type="server_error",
