@@ -74,6 +74,10 @@ def create_app(settings: Settings, llm_specs: list[LLMSpec] | None = None) -> Fa
         finally:
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
+            if state.settings.register_with and state.ready:
+                from engines.launchers.registration import deregister
+
+                await asyncio.to_thread(deregister, state.settings.register_with, state.settings.worker_name or "")
             await state.workers.stop()
             await state.router.stop()
             if grpc_server is not None:
@@ -170,6 +174,18 @@ async def _add_static_workers(state: AppState, deadline_s: float = 900.0) -> Non
                 await asyncio.sleep(1.0)
 
 
+async def _register_self(state: AppState) -> None:
+    """Worker mode: announce this server's models to a gateway."""
+    from engines.launchers.registration import register, worker_record
+
+    s = state.settings
+    url = s.advertise_url or f"http://{'127.0.0.1' if s.host in ('0.0.0.0', '::') else s.host}:{s.http_port}"
+    record = worker_record(name=s.worker_name or f"transformers-{s.http_port}", url=url,
+                           models=state.llm.model_names(), engine="transformers", block_size=None,
+                           kv_events_endpoint=None, kv_events_replay_endpoint=None)
+    await asyncio.to_thread(register, s.register_with, record)
+
+
 async def _bootstrap(state: AppState, llm_specs: list[LLMSpec] | None) -> None:
     """Load every model; /health turns 200 only when all are ready."""
     s = state.settings
@@ -191,6 +207,8 @@ async def _bootstrap(state: AppState, llm_specs: list[LLMSpec] | None) -> None:
             state.embeddings = await asyncio.to_thread(EmbeddingBridge.discover, state.classic,
                                                        s.model_repository)
         state.ready = True
+        if s.register_with:
+            await _register_self(state)
         log.info("ready: %d LLM(s), classic repository %s", len(state.llm.models),
                  "on" if state.classic is not None else "off")
     except asyncio.CancelledError:

@@ -62,8 +62,9 @@ async def start_local_llm(state: AppState, spec: LLMSpec) -> None:
     engine = TransformersEngine(cfg)
     state.llm.pending.add(spec.name)
     await engine.start()
-    state.llm.add_model(spec.name, ChatTokenizer(spec.model_dir, engine.tokenizer), engine.context_length,
-                        LocalBackend("local", engine))
+    model = state.llm.add_model(spec.name, ChatTokenizer(spec.model_dir, engine.tokenizer),
+                                engine.context_length, LocalBackend("local", engine))
+    model.root = str(spec.model_dir)
     state.llm.pending.discard(spec.name)
     log.info("model %s ready (transformers, %s, context %d)", spec.name, spec.dtype, engine.context_length)
 

@@ -102,9 +102,13 @@ def _worker(args: argparse.Namespace) -> int:
     from gateway.settings import Settings
 
     model_dir = resolve_llm(args.model, Path(args.model_repository))
-    name = Path(args.model).name if Path(args.model).is_dir() else args.model
+    name = getattr(args, "served_model_name", None) or (
+        Path(args.model).name if Path(args.model).is_dir() else args.model)
+    advertise = getattr(args, "advertise_host", None)
     settings = Settings(host=args.host, http_port=args.port, grpc_port=0, model_repository=None,
-                        engine_max_batch_size=args.max_batch_size)
+                        engine_max_batch_size=args.max_batch_size, register_with=args.gateway,
+                        worker_name=args.name or f"transformers-{args.port}",
+                        advertise_url=f"http://{advertise}:{args.port}" if advertise else None)
     run(settings, [LLMSpec(name, model_dir, "transformers", max_batch_size=args.max_batch_size)],
         log_level=args.log_level)
     return 0

@@ -29,9 +29,28 @@ class Target:
     name: str  # stable worker name, returned in X-Sluice-Worker
     engine: LLMEngine
     predicted_cached_tokens: int | None = None
+    reason: str | None = None  # the router's decision reason, e.g. prefix_hit or load
     on_dispatch: Callable[[], None] | None = None
     on_first_token: Callable[[], None] | None = None
     on_finish: Callable[[int | None, bool], None] | None = None  # (reported cached tokens, failed)
+    # on_dispatch may run at routing time (see gateway.openai.streaming.dispatch), long
+    # before the stream starts; these make start/finish idempotent and paired.
+    dispatched: bool = False
+    finished: bool = False
+
+    def start(self) -> None:
+        """Tell the router this target was chosen; once, however often called."""
+        if not self.dispatched:
+            self.dispatched = True
+            if self.on_dispatch:
+                self.on_dispatch()
+
+    def finish(self, cached_tokens: int | None, failed: bool) -> None:
+        """Report the outcome of a started target; once. No-op if never started."""
+        if self.dispatched and not self.finished:
+            self.finished = True
+            if self.on_finish:
+                self.on_finish(cached_tokens, failed)
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,6 +94,7 @@ class LLMModel:
     backend: Backend
     admission: Admission
     owned_by: str = "sluice"
+    root: str | None = None  # local weights directory, reported like vLLM's `root`
     created: int = field(default_factory=lambda: int(time.time()))
 
 
@@ -217,8 +237,7 @@ class LLMService:
 
     async def _run_target(self, model: LLMModel, request: EngineRequest, target: Target, t0: float
                           ) -> AsyncIterator[Delta]:
-        if target.on_dispatch:
-            target.on_dispatch()
+        target.start()
         clock = _StreamClock(self.metrics, model.name, t0, target)
         # Only worker faults count against a worker (circuit breaker), not a
         # client that went away or a request the engine refused as invalid.
@@ -238,8 +257,7 @@ class LLMService:
             failed = False
             raise
         finally:
-            if target.on_finish:
-                target.on_finish(clock.reported_cached, failed)
+            target.finish(clock.reported_cached, failed)
 
     def _account(self, model: LLMModel, request: EngineRequest, last: Delta) -> None:
         m = self.metrics

@@ -35,6 +35,10 @@ class Settings:
     log_prompts: bool = False  # never on by default: prompts are user data
     # repr=False: settings get logged; the key must never be.
     admin_key: str | None = field(default_factory=lambda: os.environ.get("SLUICE_ADMIN_KEY") or None, repr=False)
+    # Worker mode (`sluice worker --engine transformers --gateway URL`): register there once ready.
+    register_with: str | None = None
+    worker_name: str | None = None
+    advertise_url: str | None = None
     served_llms: tuple[str, ...] = ()  # restrict which LLMs of the repository to load (empty: all)
 
     @property

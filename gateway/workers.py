@@ -97,7 +97,7 @@ class RoutedBackend:
             if engine is None:
                 continue
             targets.append(Target(
-                cand.worker, engine, cand.predicted_cached_tokens,
+                cand.worker, engine, cand.predicted_cached_tokens, cand.reason,
                 on_dispatch=lambda w=cand.worker: router.on_dispatch(rid, ranking, w),
                 on_first_token=lambda: router.on_first_token(rid),
                 on_finish=lambda cached, failed: router.on_finish(rid, cached_tokens=cached, error=failed),

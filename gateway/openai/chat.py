@@ -79,8 +79,12 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
     d = prepare(request, body)
     headers = d.headers(request.headers.get("x-request-id"))
     if body.stream:
-        return sse(stream_chunks(d, body), ping_s=state_of(request).settings.sse_ping_s, headers=headers)
-    return JSONResponse(await unless_disconnected(request, collect(d, body)), headers=headers)
+        return sse(stream_chunks(d, body), ping_s=state_of(request).settings.sse_ping_s, headers=headers,
+                   on_close=d.close)
+    try:
+        return JSONResponse(await unless_disconnected(request, collect(d, body)), headers=headers)
+    finally:
+        d.close()
 
 
 def _chunk(d: Dispatch, model: LLMModel, choices: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:

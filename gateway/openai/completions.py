@@ -67,8 +67,11 @@ async def completions(body: CompletionRequest, request: Request) -> Response:
     headers = d.headers(request.headers.get("x-request-id"))
     if body.stream:
         return sse(stream_chunks(d, body, prompts), ping_s=state_of(request).settings.sse_ping_s,
-                   headers=headers)
-    return JSONResponse(await unless_disconnected(request, collect(d, body, prompts)), headers=headers)
+                   headers=headers, on_close=d.close)
+    try:
+        return JSONResponse(await unless_disconnected(request, collect(d, body, prompts)), headers=headers)
+    finally:
+        d.close()
 
 
 def _echo_text(d: Dispatch, prompt: tuple[list[int], str | None]) -> str:

@@ -18,6 +18,8 @@ def _cards(st: AppState) -> dict[str, dict[str, Any]]:
     for name, m in st.llm.models.items():
         cards[name] = {"id": name, "object": "model", "created": m.created, "owned_by": m.owned_by,
                        "max_model_len": m.context_length}
+        if m.root:
+            cards[name]["root"] = m.root
     if st.embeddings is not None:
         for name, e in st.embeddings.models.items():
             cards[name] = {"id": name, "object": "model", "created": e.created, "owned_by": "sluice"}

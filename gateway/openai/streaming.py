@@ -14,7 +14,7 @@ import time
 import uuid
 from contextlib import aclosing
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Callable
 
 from sse_starlette.sse import EventSourceResponse
 
@@ -37,13 +37,23 @@ class Dispatch:
     ticket: Ticket
     request_id: str
     created: int = field(default_factory=lambda: int(time.time()))
+    _closed: bool = False
 
     @property
     def worker(self) -> str:
         return self.targets[0][0].name
 
     def headers(self, client_request_id: str | None) -> dict[str, str]:
-        return {"X-Sluice-Worker": self.worker, "X-Request-Id": client_request_id or self.request_id}
+        """Routing headers of the first choice's first-ranked target (the one tried first)."""
+        h = {"X-Sluice-Worker": self.worker, "X-Request-Id": client_request_id or self.request_id}
+        first = self.targets[0][0]
+        # Lets clients and tests compare the router's prediction with the engine's
+        # usage.prompt_tokens_details.cached_tokens request by request.
+        if first.predicted_cached_tokens is not None:
+            h["X-Sluice-Predicted-Cached-Tokens"] = str(first.predicted_cached_tokens)
+        if first.reason is not None:
+            h["X-Sluice-Route-Reason"] = first.reason
+        return h
 
     async def deltas(self) -> AsyncIterator[tuple[int, Delta]]:
         """All choices' deltas, tagged with the choice index; frees the ticket at the end."""
@@ -54,13 +64,30 @@ class Dispatch:
                 async for item in merged:
                     yield item
         finally:
+            self.close()
+
+    def close(self) -> None:
+        """Free the ticket and end every dispatched target that never ran (the client
+        left before the stream started); idempotent. Every route calls it at the end."""
+        for targets in self.targets:
+            for t in targets:
+                t.finish(None, False)
+        if not self._closed:
+            self._closed = True
             self.service.release(self.model, self.ticket)
 
 
 def dispatch(service: LLMService, model: LLMModel, requests: list[EngineRequest], hints: RouteHints,
              prefix: str) -> Dispatch:
+    """Rank, admit, and tell the router at once which worker each request goes to.
+
+    The router's contract is no `await` between rank and dispatch: concurrent
+    requests must see each other's load and speculative cache entries, or a burst
+    is ranked blind and predictions miss. The caller must call `Dispatch.close()`."""
     targets = [service.targets(model, r, hints) for r in requests]
     ticket = service.admit(model)
+    for ranked in targets:
+        ranked[0].start()
     return Dispatch(service, model, requests, targets, ticket, prefix)
 
 
@@ -83,15 +110,20 @@ class _ClosingEventSourceResponse(EventSourceResponse):
     suspended at a `yield` it would only be closed later by garbage collection,
     and the engine request would run on. Closing it here aborts it at once."""
 
-    def __init__(self, source: Any, **kwargs: Any) -> None:
+    def __init__(self, source: Any, on_close: Callable[[], None] | None = None, **kwargs: Any) -> None:
         super().__init__(source, **kwargs)
         self._source = source
+        self._on_close = on_close
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         try:
             await super().__call__(scope, receive, send)
         finally:
-            await self._source.aclose()
+            try:
+                await self._source.aclose()
+            finally:
+                if self._on_close is not None:
+                    self._on_close()
 
 
 async def unless_disconnected(request: Any, work: Any, poll_s: float = 0.25) -> Any:
@@ -113,7 +145,8 @@ async def unless_disconnected(request: Any, work: Any, poll_s: float = 0.25) -> 
             await asyncio.gather(task, return_exceptions=True)
 
 
-def sse(events: AsyncIterator[dict[str, Any]], *, ping_s: float, headers: dict[str, str]) -> EventSourceResponse:
+def sse(events: AsyncIterator[dict[str, Any]], *, ping_s: float, headers: dict[str, str],
+        on_close: Callable[[], None] | None = None) -> EventSourceResponse:
     """Relay JSON payloads as SSE `data:` lines; end with `[DONE]`, or with an
     error event and then `[DONE]`, never by hanging."""
 
@@ -129,7 +162,7 @@ def sse(events: AsyncIterator[dict[str, Any]], *, ping_s: float, headers: dict[s
         yield {"data": "[DONE]"}
 
     return _ClosingEventSourceResponse(gen(), ping=max(ping_s, 0.05), sep="\n", headers=headers,
-                                       media_type="text/event-stream")
+                                       media_type="text/event-stream", on_close=on_close)
 
 
 def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int | None) -> dict[str, Any]:

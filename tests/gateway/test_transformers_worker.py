@@ -1,0 +1,63 @@
+"""`sluice worker --engine transformers` as a separate process behind a gateway:
+the worker contract (OpenAI HTTP, /health, /metrics), registration and deregistration."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Iterator
+
+import httpx
+import openai
+import pytest
+
+from tests.servers import LLM_NAME, ROOT, Server, free_port, start_server, wait_healthy
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def front(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """A gateway with an empty repository: its only LLM will be the registered worker."""
+    tmp = tmp_path_factory.mktemp("front")
+    (tmp / "empty-repo").mkdir()
+    server = start_server(["--model-repository", str(tmp / "empty-repo")], tmp / "gateway.log")
+    yield server
+    server.stop()
+
+
+def _models(server: Server) -> list[str]:
+    return [m["id"] for m in httpx.get(server.url + "/v1/models").json()["data"]]
+
+
+def test_worker_registers_serves_and_deregisters(front: Server, tmp_path: Path) -> None:
+    port = free_port()
+    log = (tmp_path / "worker.log").open("wb")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gateway.cli", "worker", "--engine", "transformers", "--model", LLM_NAME,
+         "--host", "127.0.0.1", "--port", str(port), "--gateway", front.url, "--name", "tf-worker-a"],
+        cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    worker = Server(proc, port, 0, tmp_path / "worker.log")
+    try:
+        wait_healthy(worker, 240)
+        assert "vllm" not in httpx.get(worker.url + "/metrics").text  # its own Prometheus endpoint
+        for _ in range(100):  # registration follows readiness
+            if LLM_NAME in _models(front):
+                break
+            time.sleep(0.2)
+        assert _models(front) == [LLM_NAME]
+        sdk = openai.OpenAI(base_url=front.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+        raw = sdk.chat.completions.with_raw_response.create(
+            model=LLM_NAME, temperature=0, max_tokens=24,
+            messages=[{"role": "user", "content": "What is the capital of France?"}])
+        assert raw.headers["x-sluice-worker"] == "tf-worker-a"
+        assert "Paris" in raw.parse().choices[0].message.content
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=30)
+        assert _models(front) == []
+    finally:
+        worker.stop()
