@@ -74,6 +74,9 @@ def _describe(errors: list[dict[str, Any]]) -> tuple[str, str | None]:
     first = errors[0] if errors else {}
     if first.get("type") == "json_invalid":
         return "The request body is not valid JSON: " + str(first.get("ctx", {}).get("error", "")), None
+    if tuple(first.get("loc", ())) == ("body",) and first.get("type") in ("model_attributes_type", "dict_type",
+                                                                        "missing"):
+        return "The request body must be a JSON object sent with Content-Type: application/json.", None
     loc = [str(p) for p in first.get("loc", ()) if p != "body"]
     param = ".".join(loc) or None
     msg = first.get("msg", "invalid request")

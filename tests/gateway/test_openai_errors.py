@@ -122,3 +122,12 @@ def test_logprobs_unsupported_is_clear_400(llm_server: Server) -> None:
     with pytest.raises(openai.BadRequestError) as e:
         client(llm_server).chat.completions.create(model=LLM_NAME, messages=MSG, logprobs=True, max_tokens=2)
     assert "logprobs" in e.value.message
+
+
+def test_body_that_is_not_json_is_400_with_a_clear_message(llm_server: Server) -> None:
+    r = httpx.post(llm_server.url + "/v1/chat/completions", content=b"model=x",
+                   headers={"content-type": "application/x-www-form-urlencoded"})
+    assert r.status_code == 400
+    assert "application/json" in _shape(r.json())["message"]
+    r = httpx.post(llm_server.url + "/v1/chat/completions", json=[1, 2])
+    assert r.status_code == 400
