@@ -140,8 +140,12 @@ class WorkerPool:
                     tok = await asyncio.to_thread(self._tokenizer, m, record, cards.get(m, {}))
                     ctx = int(cards.get(m, {}).get("max_model_len") or 2048)
                     self.llm.add_model(m, tok, ctx, RoutedBackend(m, self))
+            # trtllm-serve lists its model under the path it loaded; the record's id is
+            # what clients use, so requests must carry the worker's own id.
+            served = next(iter(cards)) if record.models and len(cards) == 1 and not set(cards) & set(models) \
+                else None
             old = self.engines.pop(record.name, None)
-            engine = RemoteEngine(RemoteEngineConfig(record.url, name=record.name,
+            engine = RemoteEngine(RemoteEngineConfig(record.url, name=record.name, served_model=served,
                                                      dialect=_DIALECTS[record.engine]))  # type: ignore[arg-type]
             await engine.start()
             self.engines[record.name] = engine

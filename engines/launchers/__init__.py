@@ -79,7 +79,7 @@ def _record(spec: WorkerSpec) -> dict[str, object]:
         block_size = trtllm.DEFAULT_TOKENS_PER_BLOCK
     return registration.worker_record(name=spec.worker_name, url=spec.url, models=[spec.served_model_name],
                                       engine=spec.engine, block_size=block_size, kv_events_endpoint=events,
-                                      kv_events_replay_endpoint=replay)
+                                      kv_events_replay_endpoint=replay, tokenizer=spec.model_path)
 
 
 def _vllm_block_size(url: str) -> int | None:

@@ -23,11 +23,15 @@ def _headers() -> dict[str, str]:
 
 
 def worker_record(*, name: str, url: str, models: list[str], engine: str, block_size: int | None,
-                  kv_events_endpoint: str | None, kv_events_replay_endpoint: str | None) -> dict[str, Any]:
+                  kv_events_endpoint: str | None, kv_events_replay_endpoint: str | None,
+                  tokenizer: str | None = None) -> dict[str, Any]:
     """The registration body. For vLLM the KV endpoints are ZMQ ``tcp://`` URLs; for
-    TensorRT-LLM the events endpoint is the worker's ``http://.../kv_cache_events``."""
+    TensorRT-LLM the events endpoint is the worker's ``http://.../kv_cache_events``.
+    `tokenizer` (a path or repository model name) lets the gateway load the model's own
+    tokenizer when the served model id is neither."""
     return {"name": name, "url": url, "models": models, "engine": engine, "block_size": block_size,
-            "kv_events_endpoint": kv_events_endpoint, "kv_events_replay_endpoint": kv_events_replay_endpoint}
+            "kv_events_endpoint": kv_events_endpoint, "kv_events_replay_endpoint": kv_events_replay_endpoint,
+            "tokenizer": tokenizer}
 
 
 def register(gateway: str, record: dict[str, Any], attempts: int = 10, delay_s: float = 1.0) -> None:

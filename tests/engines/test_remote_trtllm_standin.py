@@ -131,7 +131,10 @@ def test_standin_launcher_registers_with_gateway(standin_worker, admin) -> None:
     url, _ = standin_worker
     _, calls = admin
     posts = [body for method, path, body in calls if method == "POST" and path == "/v1/admin/workers"]
-    assert posts and posts[-1] == {
+    assert posts
+    tokenizer = posts[-1].pop("tokenizer")  # the model directory, so the gateway can load its tokenizer
+    assert tokenizer and Path(tokenizer).is_dir()
+    assert posts[-1] == {
         "name": "trt-standin", "url": url, "models": ["standin-model"], "engine": "trtllm", "block_size": 32,
         "kv_events_endpoint": f"{url}/kv_cache_events", "kv_events_replay_endpoint": None}
 
