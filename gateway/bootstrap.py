@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from engines.weights import read_llm_parameters, resolve_weights
-from gateway.llm_service import LocalBackend
+from gateway.backends import LocalBackend
 from gateway.state import AppState
 
 log = logging.getLogger("sluice.bootstrap")

@@ -13,77 +13,14 @@ import time
 import uuid
 from contextlib import aclosing
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Callable, Protocol, Sequence
+from typing import Any, AsyncIterator
 
-from engines.base import Delta, EngineError, EngineRequest, LLMEngine, SamplingParams
+from engines.base import Delta, EngineError, EngineRequest, SamplingParams
 from engines.tokenizer import ChatTokenizer
 from gateway.admission import Admission, AdmissionConfig, QueueFull, Ticket
+from gateway.backends import Backend, RouteHints, Target
 from gateway.errors import OpenAIError, model_not_found
 from gateway.metrics import LLMMetrics
-
-
-@dataclass(slots=True)
-class Target:
-    """One engine a request may be sent to, with the router's bookkeeping hooks."""
-
-    name: str  # stable worker name, returned in X-Sluice-Worker
-    engine: LLMEngine
-    predicted_cached_tokens: int | None = None
-    reason: str | None = None  # the router's decision reason, e.g. prefix_hit or load
-    on_dispatch: Callable[[], None] | None = None
-    on_first_token: Callable[[], None] | None = None
-    on_finish: Callable[[int | None, bool], None] | None = None  # (reported cached tokens, failed)
-    # on_dispatch may run at routing time (see gateway.openai.streaming.dispatch), long
-    # before the stream starts; these make start/finish idempotent and paired.
-    dispatched: bool = False
-    finished: bool = False
-
-    def start(self) -> None:
-        """Tell the router this target was chosen; once, however often called."""
-        if not self.dispatched:
-            self.dispatched = True
-            if self.on_dispatch:
-                self.on_dispatch()
-
-    def finish(self, cached_tokens: int | None, failed: bool) -> None:
-        """Report the outcome of a started target; once. No-op if never started."""
-        if self.dispatched and not self.finished:
-            self.finished = True
-            if self.on_finish:
-                self.on_finish(cached_tokens, failed)
-
-
-@dataclass(frozen=True, slots=True)
-class RouteHints:
-    policy: str | None = None  # X-Routing-Policy
-    session_key: str | None = None  # X-Session-Id (or the configured header)
-
-
-class Backend(Protocol):
-    """Ranks the engines for a request, best first. Must not block."""
-
-    def rank(self, request: EngineRequest, hints: RouteHints) -> list[Target]: ...
-
-    def engines(self) -> Sequence[tuple[str, LLMEngine]]: ...
-
-    def ready(self) -> bool: ...
-
-
-class LocalBackend:
-    """A single in-process engine."""
-
-    def __init__(self, name: str, engine: LLMEngine) -> None:
-        self._target_name = name
-        self.engine = engine
-
-    def rank(self, request: EngineRequest, hints: RouteHints) -> list[Target]:
-        return [Target(self._target_name, self.engine)]
-
-    def engines(self) -> Sequence[tuple[str, LLMEngine]]:
-        return [(self._target_name, self.engine)]
-
-    def ready(self) -> bool:
-        return self.engine.ready()
 
 
 @dataclass(slots=True)
@@ -348,39 +285,3 @@ class _ParamsBody:
                 raise EngineError(f"parameter '{key}' must be an integer", status_code=400)
         if self.max_tokens is not None and self.max_tokens < 0:
             raise EngineError("parameter 'max_tokens' must be >= 0", status_code=400)
-
-
-async def merge(streams: list[AsyncIterator[Delta]]) -> AsyncIterator[tuple[int, Delta]]:
-    """Interleave several delta streams (n > 1), tagging each with its index.
-
-    Closing the merged iterator cancels every inner stream (client disconnects
-    abort all choices)."""
-    if len(streams) == 1:
-        async for d in streams[0]:
-            yield 0, d
-        return
-    queue: asyncio.Queue[tuple[int, Delta | BaseException | None]] = asyncio.Queue()
-
-    async def pump(i: int, s: AsyncIterator[Delta]) -> None:
-        try:
-            async for d in s:
-                await queue.put((i, d))
-            await queue.put((i, None))
-        except BaseException as e:  # forwarded to the consumer, which re-raises
-            await queue.put((i, e))
-
-    tasks = [asyncio.create_task(pump(i, s)) for i, s in enumerate(streams)]
-    try:
-        remaining = len(tasks)
-        while remaining:
-            i, item = await queue.get()
-            if item is None:
-                remaining -= 1
-            elif isinstance(item, BaseException):
-                raise item
-            else:
-                yield i, item
-    finally:
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)

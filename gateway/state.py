@@ -9,7 +9,8 @@ from typing import Any
 from fastapi import Request
 from prometheus_client import CollectorRegistry
 
-from gateway.llm_service import LLMService, RouteHints
+from gateway.backends import RouteHints
+from gateway.llm_service import LLMService
 from gateway.metrics import LLMMetrics
 from gateway.settings import Settings
 

@@ -22,7 +22,8 @@ from engines.remote import RemoteEngine, RemoteEngineConfig
 from engines.tokenizer import ChatTokenizer
 from engines.weights import resolve_llm
 from gateway.errors import OpenAIError
-from gateway.llm_service import LLMService, RouteHints, Target
+from gateway.backends import RouteHints, Target
+from gateway.llm_service import LLMService
 from router import NoWorkerError, Router, WorkerInfo
 
 log = logging.getLogger("sluice.workers")

@@ -21,7 +21,9 @@ from sse_starlette.sse import EventSourceResponse
 from engines.base import Delta, EngineError, EngineRequest
 from gateway.admission import Ticket
 from gateway.errors import OpenAIError
-from gateway.llm_service import LLMModel, LLMService, RouteHints, Target, merge
+from gateway.backends import RouteHints, Target
+from gateway.fanout import merge
+from gateway.llm_service import LLMModel, LLMService
 
 log = logging.getLogger("sluice.gateway")
 

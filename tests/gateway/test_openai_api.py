@@ -3,7 +3,6 @@ SmolLM2 on the in-process transformers engine, driven by the official SDK."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 
 import httpx

@@ -14,7 +14,7 @@ import pytest
 
 from engines.base import Delta, EngineRequest, SamplingParams
 from engines.remote import RemoteEngine, RemoteEngineConfig
-from router.events import BlockStored, EventBatch
+from router.events import BlockStored
 from router.kv_events import ZmqEventSubscriber
 from tests.integration.conftest import BLOCK, MODEL, Worker
 from tests.integration.vllm_support import metric_value

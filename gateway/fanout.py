@@ -1,0 +1,44 @@
+"""Interleaving the delta streams of one request's choices (n > 1)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import AsyncIterator
+
+from engines.base import Delta
+
+
+async def merge(streams: list[AsyncIterator[Delta]]) -> AsyncIterator[tuple[int, Delta]]:
+    """Interleave several delta streams (n > 1), tagging each with its index.
+
+    Closing the merged iterator cancels every inner stream (client disconnects
+    abort all choices)."""
+    if len(streams) == 1:
+        async for d in streams[0]:
+            yield 0, d
+        return
+    queue: asyncio.Queue[tuple[int, Delta | BaseException | None]] = asyncio.Queue()
+
+    async def pump(i: int, s: AsyncIterator[Delta]) -> None:
+        try:
+            async for d in s:
+                await queue.put((i, d))
+            await queue.put((i, None))
+        except BaseException as e:  # forwarded to the consumer, which re-raises
+            await queue.put((i, e))
+
+    tasks = [asyncio.create_task(pump(i, s)) for i, s in enumerate(streams)]
+    try:
+        remaining = len(tasks)
+        while remaining:
+            i, item = await queue.get()
+            if item is None:
+                remaining -= 1
+            elif isinstance(item, BaseException):
+                raise item
+            else:
+                yield i, item
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
