@@ -27,7 +27,7 @@ import httpx
 import zmq
 import zmq.asyncio
 
-from router.events import EventBatch, EventDecodeError, decode_trtllm_events, decode_vllm_batch
+from router.events import EventBatch, EventDecodeError, KVEvent, decode_trtllm_events, decode_vllm_batch
 
 log = logging.getLogger(__name__)
 _END_SEQ = -1
@@ -158,7 +158,7 @@ class ZmqEventSubscriber:
             dealer.close(linger=0)
 
 
-TrtllmItem = tuple[int, "KVEvent | int | None"]
+TrtllmItem = tuple[int, KVEvent | int | None]
 
 
 class TrtllmEventPoller:
