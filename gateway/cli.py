@@ -27,6 +27,8 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
                    help="share routing state with other gateway replicas through Redis")
     p.add_argument("--routing-policy", default="prefix",
                    choices=["prefix", "least_load", "round_robin", "session"])
+    p.add_argument("--routing-weights", default=None, metavar="prefill=1,queued_prefill=1,request=64,kv_usage=512",
+                   help="prefix-policy cost weights, in token-equivalents of prefill")
     p.add_argument("--max-running", type=int, default=64, help="admitted requests per model")
     p.add_argument("--max-queued", type=int, default=256, help="queued requests per model before 503")
     p.add_argument("--max-body-bytes", type=int, default=8 * 1024 * 1024)
@@ -80,6 +82,7 @@ def _serve(args: argparse.Namespace) -> int:
     if not repo.is_dir():
         raise ValueError(f"model repository {repo} does not exist")
     settings = Settings(
+        router_config=_router_config(args.routing_policy, args.routing_weights),
         host=args.host, http_port=args.http_port, grpc_port=args.grpc_port, model_repository=repo,
         model_control_mode=args.model_control_mode, load_models=tuple(args.load_model),
         workers=tuple(args.worker), routing_policy=args.routing_policy, max_running=args.max_running,
@@ -89,6 +92,26 @@ def _serve(args: argparse.Namespace) -> int:
     )
     run(settings, log_level=args.log_level)
     return 0
+
+
+def _router_config(policy: str, weights: str | None) -> object:
+    from router import CostWeights, RouterConfig
+
+    if not weights:
+        return RouterConfig(policy=policy)
+    values: dict[str, float] = {}
+    for item in weights.split(","):
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise ValueError(f"--routing-weights: expected key=value, got {item!r}")
+        try:
+            values[key.strip()] = float(value)
+        except ValueError:
+            raise ValueError(f"--routing-weights: {key.strip()} must be a number, got {value!r}") from None
+    unknown = set(values) - {"prefill", "queued_prefill", "request", "kv_usage"}
+    if unknown:
+        raise ValueError(f"--routing-weights: unknown weight(s) {', '.join(sorted(unknown))}")
+    return RouterConfig(policy=policy, weights=CostWeights(**values))
 
 
 def _worker(args: argparse.Namespace) -> int:
