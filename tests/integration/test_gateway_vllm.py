@@ -10,7 +10,7 @@ import openai
 import pytest
 
 from tests.integration.conftest import BLOCK, MODEL, Worker
-from tests.integration.vllm_support import metric_value as vllm_metric
+from tests.integration.vllm_support import generation_tokens, metric_value as vllm_metric
 from tests.servers import Server, metric_value
 
 pytestmark = [pytest.mark.integration, pytest.mark.vllm]
@@ -74,23 +74,27 @@ def test_cached_tokens_reach_the_client(gateway: Server) -> None:
 
 
 async def test_disconnect_aborts_on_the_vllm_worker(gateway: Server, workers: list[Worker]) -> None:
-    body = {"model": MODEL, "prompt": list(range(700, 740)), "max_tokens": 1800, "ignore_eos": True,
+    body = {"model": MODEL, "prompt": list(range(700, 740)), "max_tokens": 1900, "ignore_eos": True,
             "stream": True}
     async with httpx.AsyncClient(timeout=120) as http:
+        before = {w.name: generation_tokens((await http.get(w.url + "/metrics")).text) for w in workers}
         async with http.stream("POST", gateway.url + "/v1/completions", json=body) as r:
             worker = _by_name(workers, r.headers["x-sluice-worker"])
             async for line in r.aiter_lines():
                 if line.startswith("data: {"):
+                    assert '"finish_reason":null' in line  # still generating when we hang up
                     break
-            running = vllm_metric((await http.get(worker.url + "/metrics")).text, "vllm:num_requests_running")
-            assert running >= 1
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            running = vllm_metric((await http.get(worker.url + "/metrics")).text, "vllm:num_requests_running")
+        # leaving the block drops the connection mid-stream
+        running = 1.0
+        for _ in range(100):
+            text = (await http.get(worker.url + "/metrics")).text
+            running = vllm_metric(text, "vllm:num_requests_running")
             if running == 0:
                 break
             await asyncio.sleep(0.1)
+        generated = generation_tokens((await http.get(worker.url + "/metrics")).text) - before[worker.name]
     assert running == 0
+    assert generated < 1900  # vLLM stopped early: the request was aborted, it did not run to the end
 
 
 def test_gateway_decodes_kv_events_from_both_workers(gateway: Server, workers: list[Worker]) -> None:

@@ -17,7 +17,7 @@ from engines.remote import RemoteEngine, RemoteEngineConfig
 from router.events import BlockStored
 from router.kv_events import ZmqEventSubscriber
 from tests.integration.conftest import BLOCK, MODEL, Worker
-from tests.integration.vllm_support import metric_value
+from tests.integration.vllm_support import generation_tokens, metric_value
 
 pytestmark = [pytest.mark.integration, pytest.mark.vllm]
 
@@ -106,19 +106,30 @@ async def _wait_running(url: str, predicate, attempts: int = 200) -> float:
     return value
 
 
+async def _generated(url: str) -> float:
+    async with httpx.AsyncClient(timeout=10) as client:
+        return generation_tokens((await client.get(f"{url}/metrics")).text)
+
+
 async def test_cancelling_the_consumer_aborts_on_vllm(workers, engines) -> None:
     first = asyncio.Event()
+    finished = asyncio.Event()
+    before = await _generated(workers[0].url)
 
     async def consume() -> None:
-        async for _ in engines[0].generate(_req("long", list(range(3000, 3020)), max_tokens=1500)):
+        async for delta in engines[0].generate(_req("long", list(range(3000, 3020)), max_tokens=1900)):
             first.set()
+            if delta.finish_reason is not None:
+                finished.set()
 
     task = asyncio.create_task(consume())
     await first.wait()
-    assert await _wait_running(workers[0].url, lambda n: n >= 1) >= 1
     task.cancel()
     await asyncio.gather(task, return_exceptions=True)
+    assert not finished.is_set()  # cancelled mid-generation, not after the end
     assert await _wait_running(workers[0].url, lambda n: n == 0) == 0
+    # The worker stopped early: it generated far fewer than the 1900 tokens asked for.
+    assert await _generated(workers[0].url) - before < 1900
     assert engines[0].stats().running == 0
 
 

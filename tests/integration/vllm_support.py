@@ -132,3 +132,8 @@ def metric_value(metrics_text: str, name: str) -> float:
     if not values:
         raise KeyError(f"metric {name} not found")
     return sum(values)
+
+
+def generation_tokens(metrics_text: str) -> float:
+    """Tokens vLLM has generated since it started (all requests)."""
+    return metric_value(metrics_text, "vllm:generation_tokens_total")
