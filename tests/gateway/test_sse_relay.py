@@ -33,6 +33,15 @@ def relay_url() -> Iterator[str]:
     async def fail():  # type: ignore[no-untyped-def]
         return sse(fails_after_first(), ping_s=5, headers={})
 
+    async def chunk_then_fail() -> AsyncIterator[dict]:
+        yield {"id": "c1", "object": "chat.completion.chunk", "created": 0, "model": "m",
+               "choices": [{"index": 0, "delta": {"role": "assistant", "content": "Hel"}, "finish_reason": None}]}
+        raise EngineError("worker died mid-stream", status_code=502)
+
+    @app.post("/v1/chat/completions")
+    async def chat():  # type: ignore[no-untyped-def]
+        return sse(chunk_then_fail(), ping_s=5, headers={})
+
     @app.get("/slow")
     async def slow_route():  # type: ignore[no-untyped-def]
         return sse(slow(), ping_s=0.1, headers={})
@@ -68,3 +77,16 @@ def test_pings_while_waiting(relay_url: str) -> None:
     lines = _events(relay_url + "/slow")
     first_data = next(i for i, line in enumerate(lines) if line.startswith("data: "))
     assert any(line.startswith(": ping") for line in lines[:first_data])
+
+
+def test_sdk_raises_on_an_error_event_after_the_first_chunk(relay_url: str) -> None:
+    import openai
+
+    sdk = openai.OpenAI(base_url=relay_url + "/v1", api_key="unused", max_retries=0)
+    stream = sdk.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}], stream=True)
+    got = []
+    with pytest.raises(openai.APIError) as e:
+        for chunk in stream:
+            got.append(chunk.choices[0].delta.content)
+    assert got == ["Hel"]
+    assert "worker died mid-stream" in str(e.value)
