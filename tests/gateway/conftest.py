@@ -13,7 +13,7 @@ def llm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     """The gateway with the default LLM on the in-process transformers engine."""
     tmp = tmp_path_factory.mktemp("llm")
     repo = llm_only_repository(tmp)
-    server = start_server(["--model-repository", str(repo)], tmp / "server.log")
+    server = start_server(["--model-repository", str(repo)], tmp / "server.log", grpc=True)
     yield server
     server.stop()
 
