@@ -11,7 +11,6 @@ from __future__ import annotations
 import atexit
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -20,6 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
+
+from tests.servers import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 REPO_SRC = ROOT / "model_repository"
@@ -164,10 +165,6 @@ BAD_CONFIGS = {
 }
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _digits_variant(repo: Path, name: str, batching: str, versions: tuple[int, ...] = (1,), extra: str = "") -> None:

@@ -21,6 +21,7 @@ import httpx
 import pytest
 
 from engines.launchers import vllm as vllm_launch
+from tests.servers import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY_VERSION = "v1"  # bump when the recipe below changes
@@ -73,10 +74,6 @@ def tiny_llama_dir() -> Path:
     return out
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def free_port_pair() -> int:

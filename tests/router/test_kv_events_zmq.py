@@ -10,7 +10,6 @@ instead of sleeping (PUB drops messages sent before a subscriber joined).
 from __future__ import annotations
 
 import asyncio
-import socket
 
 import pytest
 import zmq
@@ -20,6 +19,7 @@ from router import Router, RouterConfig, WorkerInfo
 from router.hashing import block_hashes, root_hash
 from router.kv_events import ZmqEventSubscriber
 from tests.router import eventgen as g
+from tests.servers import free_port
 
 BS = 4
 TOKENS = list(range(1, 17))  # 4 blocks
@@ -166,10 +166,6 @@ async def test_gap_is_filled_by_replay_and_unfillable_gap_resets():
         ctx.term()
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 async def test_router_start_subscribes_from_worker_info():

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import shutil
-import socket
 import subprocess
 
 import pytest
@@ -12,6 +11,7 @@ import redis
 
 from router import Router, RouterConfig, WorkerInfo
 from router.redis_state import RedisSharedState, RedisStateConfig
+from tests.servers import free_port
 
 pytestmark = [
     pytest.mark.integration,
@@ -21,10 +21,6 @@ pytestmark = [
 PROMPT = list(range(1, 41))  # 10 blocks of 4
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class RedisServer:
