@@ -167,6 +167,8 @@ class LLMService:
                     if started or not e.retryable:
                         raise
                     last_err = e
+                    if target is not targets[-1]:
+                        m.retries.labels(model.name).inc()
             assert last_err is not None
             raise last_err
         finally:

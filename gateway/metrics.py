@@ -43,6 +43,8 @@ class LLMMetrics:
                               registry=registry)
         self.queued = Gauge("sluice_requests_queued", "Requests waiting for admission.", ["model"],
                             registry=registry)
+        self.retries = Counter("sluice_request_retries", "Requests moved to the next-ranked worker after a "
+                               "failure before the first byte.", ["model"], registry=registry)
         self.finished = Counter("sluice_request_finished", "Finished generations by reason.",
                                 ["model", "finish_reason"], registry=registry)
 

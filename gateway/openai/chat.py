@@ -82,7 +82,8 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
         return sse(stream_chunks(d, body), ping_s=state_of(request).settings.sse_ping_s, headers=headers,
                    on_close=d.close)
     try:
-        return JSONResponse(await unless_disconnected(request, collect(d, body)), headers=headers)
+        result = await unless_disconnected(request, collect(d, body))
+        return JSONResponse(result, headers=d.headers(request.headers.get("x-request-id")))
     finally:
         d.close()
 

@@ -69,7 +69,8 @@ async def completions(body: CompletionRequest, request: Request) -> Response:
         return sse(stream_chunks(d, body, prompts), ping_s=state_of(request).settings.sse_ping_s,
                    headers=headers, on_close=d.close)
     try:
-        return JSONResponse(await unless_disconnected(request, collect(d, body, prompts)), headers=headers)
+        result = await unless_disconnected(request, collect(d, body, prompts))
+        return JSONResponse(result, headers=d.headers(request.headers.get("x-request-id")))
     finally:
         d.close()
 

@@ -43,10 +43,15 @@ class Dispatch:
 
     @property
     def worker(self) -> str:
-        return self.targets[0][0].name
+        """The worker that served the first choice: the last target tried (targets are
+        tried in rank order), or the first-ranked one before anything ran."""
+        tried = [t for t in self.targets[0] if t.dispatched]
+        return tried[-1].name if tried else self.targets[0][0].name
 
     def headers(self, client_request_id: str | None) -> dict[str, str]:
-        """Routing headers of the first choice's first-ranked target (the one tried first)."""
+        """Routing headers of the first choice. A streaming response sends them before
+        generation starts, so after a failover they name the first-ranked worker; a
+        non-streaming response computes them at the end and names the one that served."""
         h = {"X-Sluice-Worker": self.worker, "X-Request-Id": client_request_id or self.request_id}
         first = self.targets[0][0]
         # Lets clients and tests compare the router's prediction with the engine's
