@@ -114,13 +114,14 @@ class RedisSharedState:
             self._task = asyncio.create_task(self._supervise(), name="redis-shared-state")
 
     async def stop(self) -> None:
+        """Stop syncing; bounded in time even if a Redis call is stuck."""
         task, self._task = self._task, None
         if task is not None:
             task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
+            await asyncio.wait({task}, timeout=self.config.socket_timeout_s * 2)
         self.connected = False
-        with contextlib.suppress(RedisError, OSError):
-            await self._redis.aclose()
+        with contextlib.suppress(RedisError, OSError, asyncio.TimeoutError):
+            await asyncio.wait_for(self._redis.aclose(), timeout=self.config.socket_timeout_s * 2)
 
     # -- internals ---------------------------------------------------------------
     def _queue(self, op: tuple[Any, ...]) -> None:
@@ -156,6 +157,15 @@ class RedisSharedState:
                 if self.connected:
                     log.warning("shared routing state: lost Redis (%s); routing on the local view", e)
                 self.connected = False
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, self.config.reconnect_max_s)
+            except Exception:
+                # A reply we cannot parse (a proxy, a wrong server) must not end sharing
+                # for good: drop the connection and start over like any other failure.
+                log.exception("shared routing state: unexpected error; reconnecting")
+                self.connected = False
+                with contextlib.suppress(Exception):
+                    await self._redis.connection_pool.disconnect()
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, self.config.reconnect_max_s)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import random
 import shutil
 import signal
 import socket
@@ -19,10 +20,33 @@ DEFAULT_REPO = ROOT / "model_repository"
 LLM_NAME = "smollm2-135m-instruct"
 
 
+def _ephemeral_range() -> tuple[int, int]:
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A free loopback port outside the kernel's ephemeral range.
+
+    Servers that tests stop and restart (Redis, workers) are reconnected to while
+    they are down. A port inside the ephemeral range can then be picked as the
+    client's own source port, and the socket connects to itself (TCP simultaneous
+    open): the client talks to itself and hangs. Ports below the range never are.
+    """
+    low, high = _ephemeral_range()
+    candidates = list(range(10000, low)) if low > 10100 else list(range(high + 1, 65500))
+    random.shuffle(candidates)
+    for port in candidates[:200]:
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free port outside the ephemeral range")
 
 
 @dataclass
