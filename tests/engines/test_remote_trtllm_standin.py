@@ -9,15 +9,12 @@ shapes; it is started through the real launcher (`python -m engines.launchers
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import httpx
@@ -28,47 +25,33 @@ from engines.base import Delta, EngineError, EngineRequest, SamplingParams
 from engines.launchers import trtllm
 from engines.launchers.spec import WorkerSpec
 from engines.remote import RemoteEngine, RemoteEngineConfig
+from engines.weights import resolve_llm
 from tests.integration.vllm_support import free_port, stop_process, wait_healthy
+from tests.servers import Server, metric_value, start_server
 
 ROOT = Path(__file__).resolve().parents[2]
 STANDIN = ROOT / "tests" / "standins" / "trtllm_standin.py"
 
 
-class _AdminRecorder(BaseHTTPRequestHandler):
-    calls: list[tuple[str, str, dict[str, object] | None]] = []
-
-    def _record(self, method: str) -> None:
-        length = int(self.headers.get("Content-Length") or 0)
-        body = json.loads(self.rfile.read(length)) if length else None
-        self.calls.append((method, self.path, body))
-        self.send_response(201 if method == "POST" else 204)
-        self.send_header("Content-Length", "0")
-        self.end_headers()
-
-    def do_POST(self) -> None:  # noqa: N802
-        self._record("POST")
-
-    def do_DELETE(self) -> None:  # noqa: N802
-        self._record("DELETE")
-
-    def log_message(self, *args: object) -> None:
-        pass
-
-
 @pytest.fixture(scope="module")
-def admin() -> Iterator[tuple[str, list[tuple[str, str, dict[str, object] | None]]]]:
-    """A fake gateway admin API that records worker (de)registrations."""
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _AdminRecorder)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}", _AdminRecorder.calls
-    server.shutdown()
+def admin(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """A real gateway (`sluice serve`, empty repository) that the launcher registers with."""
+    tmp = tmp_path_factory.mktemp("gateway")
+    (tmp / "repo").mkdir()
+    server = start_server(["--model-repository", str(tmp / "repo")], tmp / "gateway.log")
+    yield server
+    server.stop()
 
 
-def _wait_registered(calls: list[tuple[str, str, dict[str, object] | None]], name: str) -> None:
-    """The launcher registers after its own health check; wait (bounded) for the POST."""
-    for _ in range(100):
-        if any(m == "POST" and b and b.get("name") == name for m, _, b in calls):
+def _registered(gateway: Server) -> dict[str, dict[str, object]]:
+    rows = httpx.get(gateway.url + "/v1/admin/workers", timeout=10).json()["data"]
+    return {row["name"]: row for row in rows}
+
+
+def _wait_registered(gateway: Server, name: str, present: bool = True) -> None:
+    """The launcher registers after its own health check; wait (bounded) for the gateway to say so."""
+    for _ in range(200):
+        if (name in _registered(gateway)) == present:
             return
         time.sleep(0.1)
 
@@ -76,18 +59,19 @@ def _wait_registered(calls: list[tuple[str, str, dict[str, object] | None]], nam
 @pytest.fixture(scope="module")
 def standin_worker(admin, tmp_path_factory) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
     """The launcher running the stand-in as its `trtllm-serve`, registered with the fake admin API."""
-    gateway, _ = admin
+    gateway = admin
     port = free_port()
-    model_dir = tmp_path_factory.mktemp("standin-model")
+    # A real model directory, so the gateway can load the tokenizer the registration names.
+    model_dir = resolve_llm("smollm2-135m-instruct", ROOT / "model_repository")
     env = dict(os.environ, SLUICE_TRTLLM_SERVE=f"{sys.executable} {STANDIN} --token-delay-s 0.05")
     argv = [sys.executable, "-m", "engines.launchers", "--engine", "trtllm", "--model", str(model_dir),
             "--served-model-name", "standin-model", "--port", str(port), "--max-model-len", "1024",
-            "--gateway", gateway, "--name", "trt-standin"]
+            "--gateway", gateway.url, "--name", "trt-standin"]
     proc = subprocess.Popen(argv, cwd=ROOT, env=env, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     try:
         wait_healthy(url, proc, timeout_s=60)
-        _wait_registered(admin[1], "trt-standin")
+        _wait_registered(admin, "trt-standin")
         yield url, proc
     finally:
         stop_process(proc)
@@ -129,14 +113,11 @@ def test_trtllm_yaml_and_command_line(tmp_path: Path) -> None:
 
 def test_standin_launcher_registers_with_gateway(standin_worker, admin) -> None:
     url, _ = standin_worker
-    _, calls = admin
-    posts = [body for method, path, body in calls if method == "POST" and path == "/v1/admin/workers"]
-    assert posts
-    tokenizer = posts[-1].pop("tokenizer")  # the model directory, so the gateway can load its tokenizer
-    assert tokenizer and Path(tokenizer).is_dir()
-    assert posts[-1] == {
-        "name": "trt-standin", "url": url, "models": ["standin-model"], "engine": "trtllm", "block_size": 32,
-        "kv_events_endpoint": f"{url}/kv_cache_events", "kv_events_replay_endpoint": None}
+    row = _registered(admin)["trt-standin"]
+    assert (row["url"], row["models"], row["engine"], row["block_size"]) == (url, ["standin-model"], "trtllm", 32)
+    assert row["kv_events"] is True  # the gateway polls /kv_cache_events
+    models = [m["id"] for m in httpx.get(admin.url + "/v1/models").json()["data"]]
+    assert models == ["standin-model"]
 
 
 async def test_standin_completion_streams_and_reports_cached_tokens(engine: RemoteEngine) -> None:
@@ -154,14 +135,27 @@ async def test_standin_chat_streams(engine: RemoteEngine) -> None:
     assert len([d for d in deltas if d.text]) == 4 and deltas[-1].finish_reason == "length"
 
 
-async def test_standin_kv_cache_events_carry_token_ids(engine: RemoteEngine, standin_worker) -> None:
-    url, _ = standin_worker
-    ids = list(range(500, 564))  # 2 new blocks
+def _events_applied(gateway: Server) -> float:
+    text = httpx.get(gateway.url + "/metrics", timeout=10).text
+    return metric_value(text, "sluice_router_kv_events_total", {"worker": "trt-standin"}) or 0.0
+
+
+async def test_standin_kv_cache_events_carry_token_ids(engine: RemoteEngine, standin_worker, admin) -> None:
+    """The registered gateway polls the stand-in's /kv_cache_events; the token ids in them
+    let its router predict a prefix hit for a prompt it never routed itself."""
+    before = _events_applied(admin)
+    ids = list(range(500, 564))  # 2 new blocks of 32, sent straight to the worker
     await _collect(engine, _req("k1", ids))
-    events = httpx.post(f"{url}/kv_cache_events").json()
-    stored = [b for e in events if e["data"]["type"] == "stored" for b in e["data"]["blocks"]]
-    tokens = [t["token_id"] for b in stored for t in b["tokens"]]
-    assert tokens[-64:] == ids
+    for _ in range(100):
+        if _events_applied(admin) > before:
+            break
+        await asyncio.sleep(0.1)
+    # One request only: a second one would also match the first one's speculative entries.
+    r = httpx.post(admin.url + "/v1/completions", timeout=30,
+                   json={"model": "standin-model", "prompt": ids + [1, 2, 3], "max_tokens": 1})
+    assert r.status_code == 200, r.text
+    assert r.headers["x-sluice-predicted-cached-tokens"] == "64"
+    assert r.json()["usage"]["prompt_tokens_details"]["cached_tokens"] == 64  # and the engine agrees
 
 
 async def test_standin_refusals_are_openai_errors(engine: RemoteEngine, standin_worker) -> None:
@@ -245,18 +239,20 @@ async def test_standin_cancel_and_abort_close_the_upstream_request(engine: Remot
 
 
 def test_standin_launcher_sigterm_deregisters_and_exits_zero(admin, tmp_path: Path) -> None:
-    gateway, calls = admin
     port = free_port()
     env = dict(os.environ, SLUICE_TRTLLM_SERVE=f"{sys.executable} {STANDIN}")
-    argv = [sys.executable, "-m", "engines.launchers", "--engine", "trtllm", "--model", str(tmp_path),
-            "--port", str(port), "--gateway", gateway, "--name", "trt-sigterm"]
+    model_dir = resolve_llm("smollm2-135m-instruct", ROOT / "model_repository")
+    argv = [sys.executable, "-m", "engines.launchers", "--engine", "trtllm", "--model", str(model_dir),
+            "--served-model-name", "standin-sigterm", "--port", str(port), "--gateway", admin.url,
+            "--name", "trt-sigterm"]
     proc = subprocess.Popen(argv, cwd=ROOT, env=env, start_new_session=True)
     try:
         wait_healthy(f"http://127.0.0.1:{port}", proc, timeout_s=60)
-        _wait_registered(calls, "trt-sigterm")
+        _wait_registered(admin, "trt-sigterm")
+        assert "trt-sigterm" in _registered(admin)
         os.kill(proc.pid, signal.SIGTERM)
         assert proc.wait(timeout=60) == 0
-        assert ("DELETE", "/v1/admin/workers/trt-sigterm", None) in calls
+        assert "trt-sigterm" not in _registered(admin)  # deregistered on the way out
         with pytest.raises(httpx.HTTPError):
             httpx.get(f"http://127.0.0.1:{port}/health", timeout=2.0)
     finally:
