@@ -58,7 +58,7 @@ def _wait_registered(gateway: Server, name: str, present: bool = True) -> None:
 
 @pytest.fixture(scope="module")
 def standin_worker(admin, tmp_path_factory) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
-    """The launcher running the stand-in as its `trtllm-serve`, registered with the fake admin API."""
+    """The launcher running the stand-in as its `trtllm-serve`, registered with the real gateway (`admin`)."""
     gateway = admin
     port = free_port()
     # A real model directory, so the gateway can load the tokenizer the registration names.
