@@ -37,37 +37,18 @@ class ChatTokenizer:
         template_kwargs: dict[str, Any] | None = None,
     ) -> list[int]:
         """Token ids of the rendered conversation, exactly as the engine will see them."""
-        text = self.render_chat_text(
-            messages,
-            tools=tools,
-            add_generation_prompt=add_generation_prompt,
-            continue_final_message=continue_final_message,
-            template_kwargs=template_kwargs,
-        )
-        # The template already contains the special tokens; do not add BOS twice.
-        return list(self._tok.encode(text, add_special_tokens=False))
-
-    def render_chat_text(
-        self,
-        messages: list[dict[str, Any]],
-        *,
-        tools: list[dict[str, Any]] | None = None,
-        add_generation_prompt: bool = True,
-        continue_final_message: bool = False,
-        template_kwargs: dict[str, Any] | None = None,
-    ) -> str:
         if not self.has_chat_template:
             raise ValueError("this model has no chat template; use /v1/completions")
-        return str(
-            self._tok.apply_chat_template(
-                messages,
-                tools=tools,
-                tokenize=False,
-                add_generation_prompt=add_generation_prompt and not continue_final_message,
-                continue_final_message=continue_final_message,
-                **(template_kwargs or {}),
-            )
+        text = self._tok.apply_chat_template(
+            messages,
+            tools=tools,
+            tokenize=False,
+            add_generation_prompt=add_generation_prompt and not continue_final_message,
+            continue_final_message=continue_final_message,
+            **(template_kwargs or {}),
         )
+        # The template already contains the special tokens; do not add BOS twice.
+        return list(self._tok.encode(str(text), add_special_tokens=False))
 
     def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
         return list(self._tok.encode(text, add_special_tokens=add_special_tokens))
