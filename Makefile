@@ -32,5 +32,13 @@ test: venv apt models vllm-venv
 bench: venv models
 	$(PY) loadtests/bench_gateway_overhead.py
 
+# The gates .ci/run passes before the tests: ruff, mypy (strict for router/ and engines/),
+# import-linter (gateway -> router -> engines, no cycles) and the module/function size limits.
+lint: venv
+	$(PY) -m ruff check .
+	$(PY) -m mypy
+	$(PY) -c 'import sys; from importlinter.cli import lint_imports_command; sys.exit(lint_imports_command())' --no-cache
+	$(PY) scripts/check_sizes.py
+
 clean:
 	rm -rf .venv .pytest_cache
