@@ -11,7 +11,10 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Literal, Protocol, runtime_checkable
+from collections.abc import AsyncIterator
+from typing import Any, Literal, Protocol, runtime_checkable
+
+from engines.errors import ErrorKind, SluiceError
 
 FinishReason = Literal["stop", "length", "abort", "error", "tool_calls"]
 
@@ -104,30 +107,12 @@ class EngineStats:
     kv_usage: float = 0.0  # fraction of KV cache blocks in use, 0..1
 
 
-class EngineError(Exception):
-    """An engine refused or failed a request, with an OpenAI-style classification.
+class EngineError(SluiceError):
+    """An LLM engine refused or failed a request.
 
     `retryable` tells the gateway it may try another worker (only before the
     first byte has been sent to the client).
     """
-
-    def __init__(
-        self,
-        message: str,
-        *,
-        status_code: int = 500,
-        code: str | None = None,
-        err_type: str | None = None,
-        param: str | None = None,
-        retryable: bool = False,
-    ) -> None:
-        super().__init__(message)
-        self.message = message
-        self.status_code = status_code
-        self.code = code
-        self.err_type = err_type or ("invalid_request_error" if status_code < 500 else "server_error")
-        self.param = param
-        self.retryable = retryable
 
 
 @runtime_checkable

@@ -28,6 +28,7 @@ from typing import Any, AsyncIterator
 
 from engines.base import Delta, EngineError, EngineRequest, EngineStats
 from engines.detokenizer import IncrementalDetokenizer
+from engines.errors import ErrorKind
 
 log = logging.getLogger(__name__)
 
@@ -174,21 +175,21 @@ class TransformersEngine:
     # -- requests ----------------------------------------------------------
     async def generate(self, request: EngineRequest) -> AsyncIterator[Delta]:
         if self._manager is None:
-            raise EngineError("engine is not running", status_code=503, retryable=True)
+            raise EngineError("engine is not running", ErrorKind.UNAVAILABLE, retryable=True)
         s = request.sampling
         if s.logprobs is not None:
-            raise EngineError("logprobs are not supported by the transformers engine", status_code=400,
+            raise EngineError("logprobs are not supported by the transformers engine", ErrorKind.UNSUPPORTED,
                               param="logprobs")
         if s.min_p or s.repetition_penalty != 1.0 or s.presence_penalty or s.frequency_penalty or s.min_tokens:
             raise EngineError(
                 "min_p, min_tokens and repetition/presence/frequency penalties are not supported by the "
-                "transformers engine", status_code=400)
+                "transformers engine", ErrorKind.UNSUPPORTED)
         self._check_prompt(request.prompt_token_ids)
         rid = request.request_id
         queue: asyncio.Queue[Any] = asyncio.Queue()
         with self._lock:
             if rid in self._active:
-                raise EngineError(f"request id {rid!r} is already running", status_code=409)
+                raise EngineError(f"request id {rid!r} is already running", ErrorKind.ALREADY_EXISTS)
             self._active[rid] = queue
         detok = IncrementalDetokenizer(self._decode, s.stop, s.include_stop_str_in_output)
         finished = False
@@ -236,14 +237,14 @@ class TransformersEngine:
         # A bad id would kill the manager's background thread for every request.
         vocab = len(self.tokenizer)
         if not ids:
-            raise EngineError("the prompt is empty", status_code=400, param="prompt")
+            raise EngineError("the prompt is empty", ErrorKind.INVALID_ARG, param="prompt")
         for t in ids:
             if type(t) is not int or not 0 <= t < vocab:
                 raise EngineError(f"token id {t!r} is outside the vocabulary [0, {vocab})",
-                                  status_code=400, param="prompt")
+                                  ErrorKind.INVALID_ARG, param="prompt")
         if len(ids) >= self.context_length:
             raise EngineError(f"the prompt has {len(ids)} tokens; the context is {self.context_length}",
-                              status_code=400, code="context_length_exceeded", param="messages")
+                              ErrorKind.CONTEXT_TOO_LONG, code="context_length_exceeded", param="messages")
 
     def _submit(self, request: EngineRequest) -> None:
         s = request.sampling
@@ -264,7 +265,7 @@ class TransformersEngine:
             **kwargs,
         )
         if rid is None:
-            raise EngineError("engine is not accepting requests", status_code=503, retryable=True)
+            raise EngineError("engine is not accepting requests", ErrorKind.UNAVAILABLE, retryable=True)
 
     async def abort(self, request_id: str) -> None:
         queue = self._active.get(request_id)

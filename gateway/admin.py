@@ -56,7 +56,7 @@ async def register_worker(request: Request) -> JSONResponse:
     try:
         models = await _pool(request).add(record)
     except EngineError as e:
-        raise OpenAIError(e.status_code, e.message, err_type="server_error") from None
+        raise OpenAIError.from_engine(e) from None
     return JSONResponse({"name": record.name, "models": models}, status_code=201)
 
 

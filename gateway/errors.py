@@ -14,6 +14,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from engines.base import EngineError
+from engines.errors import ErrorKind, SluiceError
 
 _TYPES = {
     400: "invalid_request_error",
@@ -24,6 +25,16 @@ _TYPES = {
     413: "invalid_request_error",
     422: "invalid_request_error",
     429: "rate_limit_error",
+}
+
+
+_KIND_STATUS = {
+    ErrorKind.INVALID_ARG: (400, "invalid_request_error"), ErrorKind.CONTEXT_TOO_LONG: (400, "invalid_request_error"),
+    ErrorKind.TOO_LARGE: (413, "invalid_request_error"), ErrorKind.UNSUPPORTED: (400, "invalid_request_error"),
+    ErrorKind.NOT_FOUND: (404, "invalid_request_error"), ErrorKind.ALREADY_EXISTS: (409, "invalid_request_error"),
+    ErrorKind.OVERLOADED: (503, "server_error"), ErrorKind.UNAVAILABLE: (503, "server_error"),
+    ErrorKind.NO_WORKER: (503, "server_error"), ErrorKind.MODEL_LOADING: (503, "server_error"),
+    ErrorKind.RATE_LIMITED: (429, "rate_limit_error"),
 }
 
 
@@ -50,9 +61,10 @@ class OpenAIError(Exception):
         return {"error": {"message": self.message, "type": self.err_type, "param": self.param, "code": self.code}}
 
     @classmethod
-    def from_engine(cls, e: EngineError) -> OpenAIError:
-        headers = {"Retry-After": "1"} if e.status_code in (429, 503) else None
-        return cls(e.status_code, e.message, code=e.code, param=e.param, err_type=e.err_type, headers=headers)
+    def from_engine(cls, e: SluiceError) -> OpenAIError:
+        status, err_type = _KIND_STATUS.get(e.kind, (500, "server_error"))
+        headers = {"Retry-After": "1"} if status in (429, 503) else None
+        return cls(status, e.message, code=e.code, param=e.param, err_type=err_type, headers=headers)
 
 
 def model_not_found(model: str) -> OpenAIError:

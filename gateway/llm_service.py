@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, AsyncIterator
 
 from engines.base import Delta, EngineError, EngineRequest, SamplingParams
+from engines.errors import ErrorKind
 from engines.tokenizer import ChatTokenizer
 from gateway.admission import Admission, AdmissionConfig, QueueFull, Ticket
 from gateway.backends import Backend, RouteHints, Target
@@ -190,7 +191,7 @@ class LLMService:
                         self._account(model, request, delta)
                     yield delta
         except EngineError as e:
-            failed = e.retryable or e.status_code >= 500
+            failed = e.worker_fault
             raise
         except (asyncio.CancelledError, GeneratorExit):
             failed = False
@@ -212,18 +213,18 @@ class LLMService:
         try:
             model = self.get(model_name)
         except OpenAIError as e:
-            raise EngineError(e.message, status_code=404) from None
+            raise EngineError(e.message, ErrorKind.NOT_FOUND) from None
         ids = model.tokenizer.encode(prompt)
         body = _ParamsBody(params)
         try:
             sampling = self.sampling(model, body, len(ids))
         except OpenAIError as e:
-            raise EngineError(e.message, status_code=e.status_code, code=e.code) from None
+            raise EngineError(e.message, ErrorKind.CONTEXT_TOO_LONG if e.code == 'context_length_exceeded' else ErrorKind.INVALID_ARG, code=e.code) from None
         req = EngineRequest(f"gen-{uuid.uuid4().hex}", model.name, ids, sampling, prompt_text=prompt)
         try:
             ticket = self.admit(model)
         except OpenAIError as e:
-            raise EngineError(e.message, status_code=503, retryable=True) from None
+            raise EngineError(e.message, ErrorKind.OVERLOADED, retryable=True) from None
         try:
             await self.wait_admitted(model, ticket)
             async with aclosing(self.run(model, req, self.targets(model, req, RouteHints()))) as stream:
@@ -284,6 +285,6 @@ class _ParamsBody:
         for key in ("max_tokens", "top_k", "seed", "min_tokens"):
             value = getattr(self, key)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
-                raise EngineError(f"parameter '{key}' must be an integer", status_code=400)
+                raise EngineError(f"parameter '{key}' must be an integer", ErrorKind.INVALID_ARG)
         if self.max_tokens is not None and self.max_tokens < 0:
-            raise EngineError("parameter 'max_tokens' must be >= 0", status_code=400)
+            raise EngineError("parameter 'max_tokens' must be >= 0", ErrorKind.INVALID_ARG)

@@ -18,6 +18,7 @@ from urllib.parse import urlparse
 import httpx
 
 from engines.base import EngineError, EngineRequest, LLMEngine
+from engines.errors import ErrorKind
 from engines.remote import RemoteEngine, RemoteEngineConfig
 from engines.tokenizer import ChatTokenizer
 from engines.weights import resolve_llm
@@ -196,9 +197,9 @@ async def _model_cards(url: str) -> dict[str, dict[str, Any]]:
         async with httpx.AsyncClient(timeout=5.0) as http:
             r = await http.get(url.rstrip("/") + "/v1/models")
     except httpx.HTTPError as e:
-        raise EngineError(f"worker {url} is unreachable: {e!r}", status_code=503, retryable=True) from None
+        raise EngineError(f"worker {url} is unreachable: {e!r}", ErrorKind.UNAVAILABLE, retryable=True) from None
     if r.status_code != 200:
-        raise EngineError(f"worker {url} answered {r.status_code} on /v1/models", status_code=502)
+        raise EngineError(f"worker {url} answered {r.status_code} on /v1/models", ErrorKind.UNAVAILABLE)
     return {m["id"]: m for m in r.json().get("data", []) if isinstance(m, dict) and "id" in m}
 
 

@@ -78,5 +78,5 @@ class EnsembleRunner:
                                              priority=request.priority, timeout_us=request.timeout_us)
         except InferError as exc:
             raise InferError(f"in ensemble '{self.config.name}', step '{step.model_name}': {exc.message}",
-                             exc.code) from None
+                             exc.kind) from None
         return {step.output_map[name]: value for name, value in outputs.items()}

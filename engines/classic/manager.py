@@ -9,7 +9,7 @@ Entry points used by the gateway (and by BLS calls and ensembles):
   timeout_us=0, parameters=None, request_id="") -> dict[str, np.ndarray]`:
   inputs/outputs are numpy arrays by tensor name, BYTES as object arrays of
   `bytes` (str/bytes arrays are accepted). `version` "" (or None) means the
-  latest ready version. Raises `InferError` whose `.code` maps to the protocol
+  latest ready version. Raises `InferError` whose `.kind` maps to the protocol
   status (NOT_FOUND, INVALID_ARG, UNAVAILABLE for a full queue or a timeout...).
 - Repository extension: `repository_index()`, `await load(name, config_json,
   files)`, `await unload(name)`, allowed in "explicit" control mode.

@@ -18,6 +18,7 @@ from typing import Any, AsyncIterator
 import httpx
 
 from engines.base import Delta, EngineError, EngineRequest, EngineStats
+from engines.errors import ErrorKind
 from engines.remote.errors import normalize_error
 from engines.remote.payload import DIALECTS, Dialect, build_body
 from engines.remote.stream import StreamAssembler
@@ -115,7 +116,7 @@ class RemoteEngine:
         try:
             response = await self._http.get("/v1/models", timeout=timeout_s)
         except httpx.HTTPError as exc:
-            raise EngineError(f"worker {self.name} unreachable: {exc!r}", status_code=503, retryable=True) from exc
+            raise EngineError(f"worker {self.name} unreachable: {exc!r}", ErrorKind.UNAVAILABLE, retryable=True) from exc
         if response.status_code != 200:
             raise normalize_error(response.status_code, response.content)
         return [m["id"] for m in response.json().get("data", []) if isinstance(m, dict) and "id" in m]
@@ -144,7 +145,7 @@ class RemoteEngine:
     async def generate(self, request: EngineRequest) -> AsyncIterator[Delta]:
         """Stream Deltas; raises EngineError before the first Delta (see LLMEngine)."""
         if request.request_id in self._readers:
-            raise EngineError(f"duplicate request id {request.request_id!r}", status_code=400)
+            raise EngineError(f"duplicate request id {request.request_id!r}", ErrorKind.ALREADY_EXISTS)
         path, body = build_body(request, self.config.dialect, self.config.served_model)
         queue: asyncio.Queue[Any] = asyncio.Queue()
         assembler = StreamAssembler(chat=request.kind == "chat")
@@ -210,13 +211,13 @@ class RemoteEngine:
             # _drain turns it into a final error Delta.
             log.warning("worker %s request %s failed: %r", self.name, request_id, exc)
             queue.put_nowait(EngineError(f"worker {self.name} failed: {type(exc).__name__}: {exc}",
-                                         status_code=503 if isinstance(exc, httpx.TransportError) else 502,
-                                         err_type="server_error", retryable=True))
+                                         ErrorKind.UNAVAILABLE if isinstance(exc, httpx.TransportError)
+                                         else ErrorKind.INTERNAL, retryable=True))
 
     @property
     def _http(self) -> httpx.AsyncClient:
         if self._client is None:
-            raise EngineError(f"engine {self.name} is not started", status_code=503, retryable=True)
+            raise EngineError(f"engine {self.name} is not started", ErrorKind.UNAVAILABLE, retryable=True)
         return self._client
 
 
@@ -229,7 +230,7 @@ async def _next_item(queue: asyncio.Queue[Any], reader: asyncio.Task[None]) -> A
             if reader.cancelled():
                 return None
             # The reader puts _END before finishing normally, so it must have crashed.
-            return EngineError(f"worker stream reader failed: {reader.exception()!r}", status_code=500)
+            return EngineError(f"worker stream reader failed: {reader.exception()!r}", ErrorKind.INTERNAL)
         getter = asyncio.ensure_future(queue.get())
         try:
             await asyncio.wait({getter, reader}, return_when=asyncio.FIRST_COMPLETED)

@@ -7,9 +7,9 @@ Shapes seen in the wild:
   class name such as ``"BadRequestError"``.
 - anything else (a proxy's HTML 502, a crashed worker): not JSON at all.
 
-The result always carries an OpenAI ``type`` (``invalid_request_error``,
-``not_found_error``, ``server_error``...), a string ``code`` or None, and
-``retryable`` set for failures another worker might not have (5xx, 429).
+The result carries a domain `ErrorKind` read from the worker's status, a string
+``code`` or None, and ``retryable`` set for failures another worker might not
+have (5xx, 429).
 """
 
 from __future__ import annotations
@@ -18,29 +18,20 @@ import json
 from typing import Any
 
 from engines.base import EngineError
+from engines.errors import ErrorKind
 
-# Error types engines use, mapped to OpenAI's vocabulary.
-_TYPE_ALIASES = {
-    "badrequesterror": "invalid_request_error",
-    "bad_request_error": "invalid_request_error",
-    "notfounderror": "not_found_error",
-    "internalservererror": "server_error",
-    "internal_server_error": "server_error",
-}
-_STATUS_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
-                 404: "not_found_error", 413: "invalid_request_error", 422: "invalid_request_error",
-                 429: "rate_limit_error"}
+# How a worker's HTTP status reads as a domain error (the inverse of an edge's table).
+_STATUS_KINDS = {400: ErrorKind.INVALID_ARG, 401: ErrorKind.UNAUTHENTICATED, 403: ErrorKind.PERMISSION_DENIED,
+                 404: ErrorKind.NOT_FOUND, 409: ErrorKind.ALREADY_EXISTS, 413: ErrorKind.TOO_LARGE,
+                 422: ErrorKind.INVALID_ARG, 429: ErrorKind.OVERLOADED, 501: ErrorKind.UNSUPPORTED,
+                 502: ErrorKind.UNAVAILABLE, 503: ErrorKind.UNAVAILABLE, 504: ErrorKind.UNAVAILABLE}
 _MAX_MESSAGE_CHARS = 500  # a worker's HTML error page must not flood the client
 
 
-def _openai_type(raw_type: Any, status_code: int) -> str:
-    if isinstance(raw_type, str) and raw_type:
-        alias = _TYPE_ALIASES.get(raw_type.lower())
-        if alias:
-            return alias
-        if raw_type.endswith("_error"):
-            return raw_type
-    return _STATUS_TYPES.get(status_code, "server_error" if status_code >= 500 else "invalid_request_error")
+def _kind(status_code: int, code: str | None) -> ErrorKind:
+    if code == "context_length_exceeded":
+        return ErrorKind.CONTEXT_TOO_LONG
+    return _STATUS_KINDS.get(status_code, ErrorKind.INTERNAL if status_code >= 500 else ErrorKind.INVALID_ARG)
 
 
 def _code(raw_code: Any, message: str) -> str | None:
@@ -85,11 +76,11 @@ def normalize_error(status_code: int, body: bytes | str | None) -> EngineError:
     if status_code < 400 and isinstance(raw_code, int) and raw_code >= 400:
         status_code = raw_code
     status_code = status_code if status_code >= 400 else 500
+    code = _code(raw_code, message)
     return EngineError(
         message,
-        status_code=status_code,
-        code=_code(raw_code, message),
-        err_type=_openai_type(fields.get("type"), status_code),
+        _kind(status_code, code),
+        code=code,
         param=fields.get("param") if isinstance(fields.get("param"), str) else None,
         retryable=status_code >= 500 or status_code == 429,
     )

@@ -18,11 +18,9 @@ from engines.classic.errors import Code, InferError, invalid, not_found
 
 
 def _status_code(exc: EngineError) -> Code:
-    if exc.status_code == 404:
-        return Code.NOT_FOUND
-    if exc.status_code in (429, 503):
-        return Code.UNAVAILABLE
-    return Code.INVALID_ARG if exc.status_code < 500 else Code.INTERNAL
+    if exc.kind in (Code.NOT_FOUND, Code.INVALID_ARG, Code.UNAVAILABLE, Code.INTERNAL, Code.UNSUPPORTED):
+        return exc.kind
+    return Code.INVALID_ARG if exc.kind is Code.CONTEXT_TOO_LONG else Code.UNAVAILABLE
 
 
 def parse_body(llm: Any, name: str, body: dict[str, Any]) -> tuple[str, dict[str, Any]]:

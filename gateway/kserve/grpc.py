@@ -20,17 +20,16 @@ from tritonclient.grpc import service_pb2_grpc
 
 from engines.classic.errors import Code, InferError, invalid
 from engines.classic.manager import ModelRepositoryManager
+from engines.errors import SluiceError
 from gateway.kserve import generate, grpc_infer, views
+from gateway.kserve.errors import grpc_status
 
 log = logging.getLogger("sluice.kserve.grpc")
-GRPC_STATUS = {Code.INVALID_ARG: grpc.StatusCode.INVALID_ARGUMENT, Code.NOT_FOUND: grpc.StatusCode.NOT_FOUND,
-               Code.UNAVAILABLE: grpc.StatusCode.UNAVAILABLE, Code.INTERNAL: grpc.StatusCode.INTERNAL,
-               Code.UNSUPPORTED: grpc.StatusCode.UNIMPLEMENTED, Code.ALREADY_EXISTS: grpc.StatusCode.ALREADY_EXISTS}
 MAX_MESSAGE_BYTES = 256 * 1024 * 1024
 
 
-async def _abort(context: grpc.aio.ServicerContext, exc: InferError) -> None:
-    await context.abort(GRPC_STATUS.get(exc.code, grpc.StatusCode.INVALID_ARGUMENT), exc.message)
+async def _abort(context: grpc.aio.ServicerContext, exc: SluiceError) -> None:
+    await context.abort(grpc_status(exc), exc.message)
 
 
 class KServeServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
@@ -41,7 +40,7 @@ class KServeServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
     async def _guard(self, context: grpc.aio.ServicerContext, fn: Any, *args: Any) -> Any:
         try:
             return await fn(*args)
-        except InferError as exc:
+        except SluiceError as exc:
             await _abort(context, exc)
         except Exception as exc:
             log.exception("KServe gRPC handler failed")
@@ -154,7 +153,7 @@ class KServeServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
                     await self._stream_llm(request, queue)
                 else:
                     await queue.put(pb.ModelStreamInferResponse(infer_response=await self._infer(request)))
-            except InferError as exc:
+            except SluiceError as exc:
                 await queue.put(pb.ModelStreamInferResponse(error_message=exc.message,
                                                             infer_response=pb.ModelInferResponse(id=request.id)))
             except Exception as exc:

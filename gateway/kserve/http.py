@@ -20,15 +20,17 @@ from fastapi.responses import JSONResponse, Response
 
 from engines.classic.errors import Code, InferError, invalid
 from engines.classic.manager import ModelRepositoryManager
+from engines.errors import SluiceError
 from gateway.kserve import generate, views
+from gateway.kserve.errors import http_status, retry_headers
 from gateway.kserve.http_infer import decode_request, encode_response
 
 log = logging.getLogger("sluice.kserve.http")
 HEADER_LENGTH = "Inference-Header-Content-Length"
 
 
-def error_response(exc: InferError) -> JSONResponse:
-    return JSONResponse({"error": exc.message}, status_code=exc.status_code)
+def error_response(exc: SluiceError) -> JSONResponse:
+    return JSONResponse({"error": exc.message}, status_code=http_status(exc), headers=retry_headers(exc))
 
 
 async def guarded(call: Callable[[], Awaitable[Response] | Response]) -> Response:
@@ -36,7 +38,7 @@ async def guarded(call: Callable[[], Awaitable[Response] | Response]) -> Respons
     try:
         result = call()
         return await result if inspect.isawaitable(result) else result
-    except InferError as exc:
+    except SluiceError as exc:
         return error_response(exc)
     except Exception as exc:  # never let one request take the server down
         log.exception("KServe HTTP handler failed")

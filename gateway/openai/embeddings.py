@@ -17,6 +17,7 @@ import numpy as np
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
+from engines.errors import SluiceError
 from gateway.errors import OpenAIError, model_not_found
 from gateway.openai.schemas import EmbeddingRequest
 from gateway.state import state_of
@@ -104,10 +105,8 @@ async def embeddings(body: EmbeddingRequest, request: Request) -> JSONResponse:
     try:
         rows = np.array(texts, dtype=object).reshape(-1, 1)  # batched model: [N, 1] per Triton's rules
         out = await bridge.manager.infer(model.name, "", {"TEXT": rows}, ["EMBEDDING"])
-    except Exception as e:  # the repository manager reports unavailable/queue-full models
-        status = int(getattr(e, "status_code", 503))
-        raise OpenAIError(status, f"embedding model failed: {e}", err_type="server_error",
-                          headers={"Retry-After": "1"} if status == 503 else None) from None
+    except SluiceError as e:  # the repository manager reports unavailable/queue-full models
+        raise OpenAIError.from_engine(e) from None
     vectors = np.asarray(out["EMBEDDING"], dtype=np.float32)
     data = []
     for i, vec in enumerate(vectors):

@@ -105,10 +105,10 @@ async def test_loads_repository_and_reports_bad_model(repo):
         assert out["Y"].tolist() == [[2, 4]]
         with pytest.raises(InferError) as err:
             await m.infer("broken", "", {"X": _x([1, 2])})
-        assert err.value.code == Code.UNAVAILABLE
+        assert err.value.kind == Code.UNAVAILABLE
         with pytest.raises(InferError) as err:
             await m.infer("nope", "", {})
-        assert err.value.code == Code.NOT_FOUND
+        assert err.value.kind == Code.NOT_FOUND
         with pytest.raises(InferError) as err:
             await m.infer("llm", "", {})
         assert "generate" in err.value.message
@@ -149,7 +149,7 @@ async def test_queue_full_and_cancellation_while_busy(repo):
             await asyncio.sleep(0.01)
         with pytest.raises(InferError, match="Exceeds maximum queue size") as err:
             await m.infer("blocking", "", {"X": _x([3, 3])})
-        assert err.value.code == Code.UNAVAILABLE
+        assert err.value.kind == Code.UNAVAILABLE
         queued.cancel()  # a cancelled queued request frees its slot
         while m.statistics("blocking")[0].pending_count > 1:
             await asyncio.sleep(0.01)

@@ -49,7 +49,7 @@ def test_strings_become_bytes():
 def test_invalid_requests(inputs, fragment):
     with pytest.raises(InferError) as err:
         validate_request(CONFIG, _req(**inputs))
-    assert err.value.code == Code.INVALID_ARG and fragment in err.value.message
+    assert err.value.kind == Code.INVALID_ARG and fragment in err.value.message
 
 
 def test_unknown_output_requested():

@@ -7,6 +7,7 @@ import json
 import pytest
 
 from engines.base import EngineRequest, SamplingParams
+from engines.errors import ErrorKind
 from engines.remote.errors import normalize_error
 from engines.remote.payload import build_body
 from engines.remote.stream import StreamAssembler
@@ -53,20 +54,20 @@ def test_trtllm_and_openai_dialects_send_no_vllm_only_fields() -> None:
     ("status", "body", "expected"),
     [
         (400, {"error": {"message": "bad temp", "type": "BadRequestError", "param": "temperature", "code": 400}},
-         (400, "invalid_request_error", None, "temperature", False)),
+         (ErrorKind.INVALID_ARG, None, "temperature", False)),
         (404, {"object": "error", "message": "The model `x` does not exist.", "type": "NotFoundError",
-               "param": None, "code": 404}, (404, "not_found_error", "model_not_found", None, False)),
+               "param": None, "code": 404}, (ErrorKind.NOT_FOUND, "model_not_found", None, False)),
         (400, {"object": "error", "message": "This model's maximum context length is 2048 tokens",
                "type": "BadRequestError", "param": None, "code": 400},
-         (400, "invalid_request_error", "context_length_exceeded", None, False)),
-        (503, "<html>upstream down</html>", (503, "server_error", None, None, True)),
-        (500, "", (500, "server_error", None, None, True)),
+         (ErrorKind.CONTEXT_TOO_LONG, "context_length_exceeded", None, False)),
+        (503, "<html>upstream down</html>", (ErrorKind.UNAVAILABLE, None, None, True)),
+        (500, "", (ErrorKind.INTERNAL, None, None, True)),
     ],
 )
 def test_error_shapes_normalise(status: int, body: object, expected: tuple[object, ...]) -> None:
     raw = body if isinstance(body, str) else json.dumps(body)
     err = normalize_error(status, raw.encode())
-    assert (err.status_code, err.err_type, err.code, err.param, err.retryable) == expected
+    assert (err.kind, err.code, err.param, err.retryable) == expected
     assert err.message
 
 

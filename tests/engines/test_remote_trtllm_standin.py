@@ -22,6 +22,7 @@ import pytest
 import yaml
 
 from engines.base import Delta, EngineError, EngineRequest, SamplingParams
+from engines.errors import ErrorKind
 from engines.launchers import trtllm
 from engines.launchers.spec import WorkerSpec
 from engines.remote import RemoteEngine, RemoteEngineConfig
@@ -162,15 +163,14 @@ async def test_standin_refusals_are_openai_errors(engine: RemoteEngine, standin_
     url, _ = standin_worker
     with pytest.raises(EngineError) as too_long:
         await _collect(engine, _req("e1", [1] * 1000, max_tokens=100))
-    assert (too_long.value.status_code, too_long.value.err_type, too_long.value.retryable) == (
-        400, "invalid_request_error", False)
+    assert (too_long.value.kind, too_long.value.retryable) == (ErrorKind.INVALID_ARG, False)
     # A vLLM-dialect client sends vLLM-only fields, which trtllm-serve's strict models refuse.
     vllm_style = RemoteEngine(RemoteEngineConfig(url, dialect="vllm"))
     await vllm_style.start()
     try:
         with pytest.raises(EngineError) as strict:
             await _collect(vllm_style, _req("e2", [1, 2]))
-        assert strict.value.status_code == 400 and "Extra inputs" in strict.value.message
+        assert strict.value.kind == ErrorKind.INVALID_ARG and "Extra inputs" in strict.value.message
     finally:
         await vllm_style.stop()
 
@@ -185,7 +185,7 @@ async def test_standin_faults_before_and_after_first_byte(standin_worker) -> Non
             if expect == "raise":
                 with pytest.raises(EngineError) as err:
                     await _collect(eng, _req(f"f-{fault}", [1, 2]))
-                assert err.value.retryable and err.value.status_code == 500
+                assert err.value.retryable and err.value.kind == ErrorKind.INTERNAL
             else:
                 deltas = await _collect(eng, _req(f"f-{fault}", [1, 2], max_tokens=6))
                 assert deltas[0].text and deltas[-1].finish_reason == "error" and deltas[-1].error

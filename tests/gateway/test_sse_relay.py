@@ -13,6 +13,7 @@ import uvicorn
 from fastapi import FastAPI
 
 from engines.base import EngineError
+from engines.errors import ErrorKind
 from gateway.openai.streaming import sse
 from tests.servers import free_port
 
@@ -23,7 +24,7 @@ def relay_url() -> Iterator[str]:
 
     async def fails_after_first() -> AsyncIterator[dict]:
         yield {"n": 1}
-        raise EngineError("worker died mid-stream", status_code=502)
+        raise EngineError("worker died mid-stream", ErrorKind.INTERNAL)
 
     async def slow() -> AsyncIterator[dict]:
         await asyncio.sleep(0.5)
@@ -36,7 +37,7 @@ def relay_url() -> Iterator[str]:
     async def chunk_then_fail() -> AsyncIterator[dict]:
         yield {"id": "c1", "object": "chat.completion.chunk", "created": 0, "model": "m",
                "choices": [{"index": 0, "delta": {"role": "assistant", "content": "Hel"}, "finish_reason": None}]}
-        raise EngineError("worker died mid-stream", status_code=502)
+        raise EngineError("worker died mid-stream", ErrorKind.INTERNAL)
 
     @app.post("/v1/chat/completions")
     async def chat():  # type: ignore[no-untyped-def]
