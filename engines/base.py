@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from typing import Any, Literal, Protocol, runtime_checkable
 
 from engines.errors import ErrorKind, SluiceError
@@ -133,7 +133,7 @@ class LLMEngine(Protocol):
 
     async def stop(self) -> None: ...
 
-    def generate(self, request: EngineRequest) -> AsyncIterator[Delta]: ...
+    def generate(self, request: EngineRequest) -> AsyncGenerator[Delta, None]: ...
 
     async def abort(self, request_id: str) -> None: ...
 

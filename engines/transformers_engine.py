@@ -24,7 +24,7 @@ import logging
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, AsyncIterator
+from typing import Any, AsyncGenerator, AsyncIterator
 
 from engines.base import Delta, EngineError, EngineRequest, EngineStats
 from engines.detokenizer import IncrementalDetokenizer
@@ -173,7 +173,7 @@ class TransformersEngine:
         return EngineStats(running=total, waiting=total - running, max_batch_size_seen=self._max_batch_seen)
 
     # -- requests ----------------------------------------------------------
-    async def generate(self, request: EngineRequest) -> AsyncIterator[Delta]:
+    async def generate(self, request: EngineRequest) -> AsyncGenerator[Delta, None]:
         if self._manager is None:
             raise EngineError("engine is not running", ErrorKind.UNAVAILABLE, retryable=True)
         s = request.sampling

@@ -1,62 +1,74 @@
-"""`sluice serve` and `sluice worker`."""
+"""`sluice serve` and `sluice worker`.
+
+Flags default to "not given" so that `gateway.settings.Settings` can fill every
+field from a `SLUICE_*` environment variable, then from its own default: each
+default lives in one place, the settings class.
+"""
 
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from engines.classic.manager import CONTROL_MODES
+from router.config import POLICIES
+
+_UNSET = argparse.SUPPRESS
 
 
-def _serve_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("serve", help="serve the model repository over OpenAI, KServe v2 HTTP and gRPC")
-    p.add_argument("--host", default=os.environ.get("SLUICE_HOST", "0.0.0.0"))
-    p.add_argument("--http-port", type=int, default=int(os.environ.get("SLUICE_HTTP_PORT", "8000")))
-    p.add_argument("--grpc-port", type=int, default=int(os.environ.get("SLUICE_GRPC_PORT", "8001")),
-                   help="0 disables gRPC")
-    p.add_argument("--model-repository", type=Path,
-                   default=Path(os.environ.get("SLUICE_MODEL_REPOSITORY", "model_repository")))
-    p.add_argument("--model-control-mode", choices=["none", "explicit", "poll"], default="none")
-    p.add_argument("--load-model", action="append", default=[], help="with explicit mode: load at start")
-    p.add_argument("--llm", action="append", default=[],
-                   help="serve only these LLMs of the repository (default: all)")
-    p.add_argument("--worker", action="append", default=[],
+def _serve_parser(sub: Any) -> None:
+    p = sub.add_parser("serve", help="serve the model repository over OpenAI, KServe v2 HTTP and gRPC",
+                       argument_default=_UNSET)
+    p.add_argument("--host", help="listen address [SLUICE_HOST; 0.0.0.0]")
+    p.add_argument("--http-port", type=int, help="OpenAI, KServe HTTP and /metrics [SLUICE_HTTP_PORT; 8000]")
+    p.add_argument("--grpc-port", type=int, help="KServe gRPC; 0 disables it [SLUICE_GRPC_PORT; 8001]")
+    p.add_argument("--model-repository", type=Path, help="Triton-layout repository [model_repository]")
+    p.add_argument("--model-control-mode", choices=CONTROL_MODES, help="[none]")
+    p.add_argument("--load-model", dest="load_models", action="append",
+                   help="with explicit mode: load at start ('*' for all; repeatable)")
+    p.add_argument("--llm", dest="served_llms", action="append",
+                   help="serve only these LLMs of the repository (default: all; repeatable)")
+    p.add_argument("--worker", dest="workers", action="append",
                    help="remote LLM worker, URL or NAME=URL (repeatable); LLMs then come from workers")
-    p.add_argument("--workers-file", type=Path, default=None, help="YAML list of worker records")
-    p.add_argument("--redis-url", default=os.environ.get("SLUICE_REDIS_URL"),
-                   help="share routing state with other gateway replicas through Redis")
-    p.add_argument("--routing-policy", default="prefix",
-                   choices=["prefix", "least_load", "round_robin", "session"])
-    p.add_argument("--routing-weights", default=None, metavar="prefill=1,queued_prefill=1,request=64,kv_usage=512",
+    p.add_argument("--workers-file", type=Path, help="YAML list of worker records")
+    p.add_argument("--redis-url", help="share routing state with other gateway replicas through Redis")
+    p.add_argument("--routing-policy", choices=POLICIES, help="[prefix]")
+    p.add_argument("--routing-weights", type=_weights, metavar="NAME=VALUE,...",
                    help="prefix-policy cost weights, in token-equivalents of prefill")
-    p.add_argument("--max-running", type=int, default=64, help="admitted requests per model")
-    p.add_argument("--max-queued", type=int, default=256, help="queued requests per model before 503")
-    p.add_argument("--max-body-bytes", type=int, default=8 * 1024 * 1024)
-    p.add_argument("--max-batch-size", type=int, default=32, help="in-process engine batch size")
-    p.add_argument("--log-level", default=os.environ.get("SLUICE_LOG_LEVEL", "info"))
+    p.add_argument("--max-running", type=int, help="admitted requests per model [64]")
+    p.add_argument("--max-queued", type=int, help="queued requests per model before 503 [256]")
+    p.add_argument("--max-body-bytes", type=int, help="larger request bodies get 413 [8 MiB]")
+    p.add_argument("--max-batch-size", dest="engine_max_batch_size", type=int,
+                   help="in-process engine batch size [32]")
+    p.add_argument("--log-level", help="[SLUICE_LOG_LEVEL; info]")
 
 
-def _worker_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
+def _weights(value: str) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for item in value.split(","):
+        key, sep, number = item.partition("=")
+        if not sep:
+            raise argparse.ArgumentTypeError(f"expected NAME=VALUE, got {item!r}")
+        try:
+            out[key.strip()] = float(number)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{key.strip()} must be a number, got {number!r}") from None
+    return out
+
+
+def _worker_parser(sub: Any) -> None:
+    from engines.launchers import add_worker_arguments
+
     p = sub.add_parser("worker", help="start an LLM engine worker (transformers, vllm, trtllm)")
     p.add_argument("--engine", required=True, choices=["transformers", "vllm", "trtllm"])
-    try:
-        from engines.launchers import add_worker_arguments
-    except ImportError:
-        p.add_argument("--model", required=True)
-        p.add_argument("--host", default="127.0.0.1")
-        p.add_argument("--port", type=int, default=8100)
-        p.add_argument("--gateway", default=None)
-        p.add_argument("--name", default=None)
-    else:
-        add_worker_arguments(p)
-    known = {opt for action in p._actions for opt in action.option_strings}
-    if "--model-repository" not in known:
-        p.add_argument("--model-repository", type=Path, default=Path("model_repository"))
-    if "--max-batch-size" not in known:
-        p.add_argument("--max-batch-size", type=int, default=32, help="transformers engine batch size")
-    if "--log-level" not in known:
-        p.add_argument("--log-level", default="info")
-    return p
+    add_worker_arguments(p)
+    p.add_argument("--model-repository", type=Path, default=Path("model_repository"))
+    p.add_argument("--max-batch-size", type=int, default=32, help="transformers engine batch size")
+    p.add_argument("--log-level", default="info")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -66,10 +78,13 @@ def main(argv: list[str] | None = None) -> int:
     _worker_parser(sub)
     args = parser.parse_args(argv)
     try:
-        if args.command == "serve":
-            return _serve(args)
-        return _worker(args)
-    except ValueError as e:  # settings validation: a message for the user, not a traceback
+        return _serve(args) if args.command == "serve" else _worker(args)
+    except ValidationError as e:  # a message for the user, not a traceback
+        for err in e.errors():
+            where = ".".join(str(p) for p in err.get("loc", ()))
+            print(f"sluice: {where + ': ' if where else ''}{err.get('msg')}", file=sys.stderr)
+        return 2
+    except ValueError as e:
         print(f"sluice: {e}", file=sys.stderr)
         return 2
 
@@ -78,40 +93,15 @@ def _serve(args: argparse.Namespace) -> int:
     from gateway.server import run
     from gateway.settings import Settings
 
-    repo = args.model_repository
-    if not repo.is_dir():
-        raise ValueError(f"model repository {repo} does not exist")
-    settings = Settings(
-        router_config=_router_config(args.routing_policy, args.routing_weights),
-        host=args.host, http_port=args.http_port, grpc_port=args.grpc_port, model_repository=repo,
-        model_control_mode=args.model_control_mode, load_models=tuple(args.load_model),
-        workers=tuple(args.worker), routing_policy=args.routing_policy, max_running=args.max_running,
-        max_queued=args.max_queued, max_body_bytes=args.max_body_bytes,
-        engine_max_batch_size=args.max_batch_size, served_llms=tuple(args.llm),
-        workers_file=args.workers_file, redis_url=args.redis_url,
-    )
-    run(settings, log_level=args.log_level)
+    given = {k: v for k, v in vars(args).items() if k != "command"}
+    for key in ("load_models", "served_llms", "workers"):
+        if key in given:
+            given[key] = tuple(given[key])
+    settings = Settings(**given)
+    if settings.model_repository is not None and not settings.model_repository.is_dir():
+        raise ValueError(f"model repository {settings.model_repository} does not exist")
+    run(settings)
     return 0
-
-
-def _router_config(policy: str, weights: str | None) -> object:
-    from router import CostWeights, RouterConfig
-
-    if not weights:
-        return RouterConfig(policy=policy)
-    values: dict[str, float] = {}
-    for item in weights.split(","):
-        key, sep, value = item.partition("=")
-        if not sep:
-            raise ValueError(f"--routing-weights: expected key=value, got {item!r}")
-        try:
-            values[key.strip()] = float(value)
-        except ValueError:
-            raise ValueError(f"--routing-weights: {key.strip()} must be a number, got {value!r}") from None
-    unknown = set(values) - {"prefill", "queued_prefill", "request", "kv_usage"}
-    if unknown:
-        raise ValueError(f"--routing-weights: unknown weight(s) {', '.join(sorted(unknown))}")
-    return RouterConfig(policy=policy, weights=CostWeights(**values))
 
 
 def _worker(args: argparse.Namespace) -> int:
@@ -120,20 +110,18 @@ def _worker(args: argparse.Namespace) -> int:
 
         return run_worker(args)
     from engines.weights import resolve_llm
-    from gateway.bootstrap import LLMSpec
+    from gateway.llm.local import LLMSpec
     from gateway.server import run
     from gateway.settings import Settings
 
     model_dir = resolve_llm(args.model, Path(args.model_repository))
-    name = getattr(args, "served_model_name", None) or (
-        Path(args.model).name if Path(args.model).is_dir() else args.model)
-    advertise = getattr(args, "advertise_host", None)
+    name = args.served_model_name or (Path(args.model).name if Path(args.model).is_dir() else args.model)
+    advertise = args.advertise_host
     settings = Settings(host=args.host, http_port=args.port, grpc_port=0, model_repository=None,
                         engine_max_batch_size=args.max_batch_size, register_with=args.gateway,
-                        worker_name=args.name or f"transformers-{args.port}",
+                        worker_name=args.name or f"transformers-{args.port}", log_level=args.log_level,
                         advertise_url=f"http://{advertise}:{args.port}" if advertise else None)
-    run(settings, [LLMSpec(name, model_dir, "transformers", max_batch_size=args.max_batch_size)],
-        log_level=args.log_level)
+    run(settings, [LLMSpec(name, model_dir, max_batch_size=args.max_batch_size)])
     return 0
 
 

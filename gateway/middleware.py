@@ -1,14 +1,17 @@
-"""Pure ASGI middleware: request ids, body-size limit, access log without prompts."""
+"""Pure ASGI middleware: request ids, body-size limit, last-resort 500s, access log without prompts."""
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 import uuid
-from typing import Any, Awaitable, Callable
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 from starlette.exceptions import HTTPException
+
+from engines.errors import ErrorKind, SluiceError
+from gateway.errors import error_bytes
 
 log = logging.getLogger("sluice.access")
 
@@ -29,8 +32,10 @@ class BodyTooLarge(HTTPException):
 
 class SluiceMiddleware:
     """Echoes X-Request-Id, refuses bodies over `max_body_bytes` with 413 (by
-    Content-Length, or while streaming a chunked body), and logs one line per
-    request: method, path, status, duration and body size, never the body."""
+    Content-Length, or while streaming a chunked body), answers an exception that
+    escapes before the response started with a 500 in the route's protocol, and
+    logs one line per request: method, path, status, duration and body size,
+    never the body."""
 
     def __init__(self, app: ASGIApp, max_body_bytes: int,
                  observe: Callable[[str, str, int], None] | None = None) -> None:
@@ -72,25 +77,32 @@ class SluiceMiddleware:
             await self.app(scope, limited_receive, tagged_send)
         except BodyTooLarge:
             if status["code"] == 0:
-                await self._too_large(scope, send, request_id)
+                status["code"] = await self._too_large(scope, send, request_id)
+        except Exception:
+            log.exception("unhandled error on %s %s", scope.get("method"), scope.get("path"))
+            if status["code"] != 0:
+                raise  # the response started: only closing the connection is left
+            status["code"] = await self._send_error(scope, send, request_id, SluiceError(
+                "The server had an error while processing your request.", ErrorKind.INTERNAL))
         finally:
+            code = status["code"] or 500
             if self.observe is not None:
                 route = scope.get("route")
                 template = getattr(route, "path", None) or "unmatched"
                 model = str(scope.get("state", {}).get("sluice_model", ""))
-                self.observe(template, model, status["code"] or 413)
-            log.info("%s %s %s %.1fms body=%dB", scope.get("method"), scope.get("path"), status["code"] or 413,
+                self.observe(template, model, code)
+            log.info("%s %s %s %.1fms body=%dB", scope.get("method"), scope.get("path"), code,
                      (time.monotonic() - t0) * 1000, size["bytes"])
 
-    async def _too_large(self, scope: Scope, send: Send, request_id: str) -> None:
-        path = scope.get("path", "")
-        msg = f"Request body exceeds the limit of {self.max_body_bytes} bytes."
-        body: dict[str, Any] = ({"error": msg} if path.startswith("/v2") else
-                                {"error": {"message": msg, "type": "invalid_request_error", "param": None,
-                                           "code": "request_too_large"}})
-        payload = json.dumps(body).encode()
-        await send({"type": "http.response.start", "status": 413,
-                    "headers": [(b"content-type", b"application/json"),
-                                (b"content-length", str(len(payload)).encode()),
-                                (b"x-request-id", request_id.encode("latin-1"))]})
+    async def _too_large(self, scope: Scope, send: Send, request_id: str) -> int:
+        return await self._send_error(scope, send, request_id, SluiceError(
+            f"Request body exceeds the limit of {self.max_body_bytes} bytes.", ErrorKind.TOO_LARGE))
+
+    async def _send_error(self, scope: Scope, send: Send, request_id: str, exc: SluiceError) -> int:
+        status, payload, headers = error_bytes(scope.get("path", ""), exc)
+        raw = [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode()),
+               (b"x-request-id", request_id.encode("latin-1"))]
+        raw += [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()]
+        await send({"type": "http.response.start", "status": status, "headers": raw})
         await send({"type": "http.response.body", "body": payload})
+        return status

@@ -1,4 +1,4 @@
-"""Run the app under uvicorn (HTTP) with gRPC in the same event loop."""
+"""Run the app under uvicorn (HTTP), with gRPC on the same event loop."""
 
 from __future__ import annotations
 
@@ -7,14 +7,15 @@ import logging
 import uvicorn
 
 from gateway.app import create_app
-from gateway.bootstrap import LLMSpec
+from gateway.llm.local import LLMSpec
 from gateway.settings import Settings
 
 
-def run(settings: Settings, llm_specs: list[LLMSpec] | None = None, log_level: str = "info") -> None:
-    logging.basicConfig(level=getattr(logging, log_level.upper(), logging.INFO),
+def run(settings: Settings, llm_specs: list[LLMSpec] | None = None) -> None:
+    level = settings.log_level
+    logging.basicConfig(level=getattr(logging, level.upper(), logging.INFO),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     app = create_app(settings, llm_specs)
     # uvicorn's own access log prints query strings; ours logs sizes only.
-    uvicorn.run(app, host=settings.host, port=settings.http_port, log_level=log_level, access_log=False,
+    uvicorn.run(app, host=settings.host, port=settings.http_port, log_level=level, access_log=False,
                 timeout_graceful_shutdown=10)

@@ -1,62 +1,77 @@
-"""One frozen settings object per process, read from the CLI and the environment."""
+"""One frozen settings object per process: CLI flags over `SLUICE_*` environment variables over defaults.
+
+`sluice serve` passes only the flags given on the command line; every other field
+is read from the environment by pydantic-settings (e.g. `SLUICE_HTTP_PORT=9000`,
+`SLUICE_WORKERS='["w0=http://10.0.0.5:8100"]'`), else takes its default.
+"""
 
 from __future__ import annotations
 
-import os
-from dataclasses import dataclass, field
+from dataclasses import fields
 from pathlib import Path
-from typing import Any
+
+from pydantic import Field, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from engines.classic.manager import CONTROL_MODES
+from gateway.llm.admission import AdmissionConfig
+from router import CostWeights, RouterConfig
+from router.redis_state import RedisStateConfig
+
+COST_WEIGHT_NAMES: tuple[str, ...] = tuple(f.name for f in fields(CostWeights))
 
 
-def _env_float(name: str, default: float) -> float:
-    value = os.environ.get(name)
-    return float(value) if value else default
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="SLUICE_", frozen=True, extra="forbid")
 
-
-@dataclass(frozen=True, slots=True)
-class Settings:
     host: str = "0.0.0.0"
-    http_port: int = 8000
-    grpc_port: int = 8001  # 0 disables gRPC
+    http_port: int = Field(default=8000, ge=0, le=65535)
+    grpc_port: int = Field(default=8001, ge=0, le=65535)  # 0 disables gRPC
     model_repository: Path | None = Path("model_repository")
-    model_control_mode: str = "none"  # none | explicit | poll
+    model_control_mode: str = "none"
     load_models: tuple[str, ...] = ()
+    log_level: str = "info"
     # LLM serving
     workers: tuple[str, ...] = ()  # remote worker URLs (--worker [NAME=]URL)
     workers_file: Path | None = None  # YAML list of worker records
     redis_url: str | None = None  # share routing state between gateway replicas
-    router_config: Any = None  # router.RouterConfig; None: defaults with routing_policy
-    routing_policy: str = "prefix"
-    max_running: int = 64  # admitted requests per model
-    max_queued: int = 256  # waiting requests per model before 503
-    max_body_bytes: int = 8 * 1024 * 1024
-    sse_ping_s: float = field(default_factory=lambda: _env_float("SLUICE_SSE_PING_S", 5.0))
-    engine_max_batch_size: int = 32
-    log_prompts: bool = False  # never on by default: prompts are user data
+    routing_policy: str = RouterConfig().policy
+    routing_weights: dict[str, float] | None = None  # prefix-policy cost weights; None: the router's defaults
+    max_running: int = Field(default=AdmissionConfig().max_running, ge=1)  # admitted requests per model
+    max_queued: int = Field(default=AdmissionConfig().max_queued, ge=0)  # waiting requests per model before 503
+    max_body_bytes: int = Field(default=8 * 1024 * 1024, ge=1024)
+    sse_ping_s: float = Field(default=5.0, gt=0.0)
+    engine_max_batch_size: int = Field(default=32, ge=1)
+    served_llms: tuple[str, ...] = ()  # restrict which LLMs of the repository to load (empty: all)
     # repr=False: settings get logged; the key must never be.
-    admin_key: str | None = field(default_factory=lambda: os.environ.get("SLUICE_ADMIN_KEY") or None, repr=False)
+    admin_key: str | None = Field(default=None, repr=False)
     # Worker mode (`sluice worker --engine transformers --gateway URL`): register there once ready.
     register_with: str | None = None
     worker_name: str | None = None
     advertise_url: str | None = None
-    served_llms: tuple[str, ...] = ()  # restrict which LLMs of the repository to load (empty: all)
 
     @property
     def has_static_workers(self) -> bool:
         return bool(self.workers or self.workers_file)
 
-    def __post_init__(self) -> None:
-        for name in ("http_port", "grpc_port"):
-            port = getattr(self, name)
-            if not 0 <= port <= 65535:
-                raise ValueError(f"{name} must be in 0..65535, got {port}")
-        if self.model_control_mode not in ("none", "explicit", "poll"):
-            raise ValueError(f"model control mode must be none, explicit or poll, got {self.model_control_mode!r}")
-        if self.routing_policy not in ("prefix", "least_load", "round_robin", "session"):
-            raise ValueError(f"unknown routing policy {self.routing_policy!r}")
-        if self.max_running < 1 or self.max_queued < 0:
-            raise ValueError("max_running must be >= 1 and max_queued >= 0")
-        if self.redis_url is not None and not self.redis_url.startswith(("redis://", "rediss://", "unix://")):
-            raise ValueError(f"redis url must start with redis://, rediss:// or unix://, got {self.redis_url!r}")
-        if self.max_body_bytes < 1024:
-            raise ValueError("max_body_bytes must be at least 1024")
+    @model_validator(mode="after")
+    def _consistent(self) -> Settings:
+        # Each fact is validated by the layer that owns it, at start-up rather than on first use.
+        if self.model_control_mode not in CONTROL_MODES:
+            raise ValueError(f"model control mode must be one of {', '.join(CONTROL_MODES)}, "
+                             f"got {self.model_control_mode!r}")
+        self.router_config()
+        if self.redis_url is not None:
+            RedisStateConfig(url=self.redis_url)
+        return self
+
+    def router_config(self) -> RouterConfig:
+        unknown = set(self.routing_weights or ()) - set(COST_WEIGHT_NAMES)
+        if unknown:
+            raise ValueError(f"unknown routing weight(s) {', '.join(sorted(unknown))}; expected "
+                             f"{', '.join(COST_WEIGHT_NAMES)}")
+        weights = CostWeights(**self.routing_weights) if self.routing_weights else CostWeights()
+        return RouterConfig(policy=self.routing_policy, weights=weights)
+
+    def admission(self) -> AdmissionConfig:
+        return AdmissionConfig(self.max_running, self.max_queued)

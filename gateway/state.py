@@ -4,15 +4,21 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
 from fastapi import Request
 from prometheus_client import CollectorRegistry
 
-from gateway.backends import RouteHints
-from gateway.llm_service import LLMService
+from gateway.llm.service import LLMService
+from gateway.llm.targets import RouteHints
+from gateway.llm.workers import WorkerPool
 from gateway.metrics import LLMMetrics
 from gateway.settings import Settings
+from router import Router
+
+if TYPE_CHECKING:
+    from engines.classic.manager import ModelRepositoryManager
+    from gateway.openai.embeddings import EmbeddingBridge
 
 
 @dataclass(slots=True)
@@ -21,10 +27,10 @@ class AppState:
     registry: CollectorRegistry
     metrics: LLMMetrics
     llm: LLMService
-    classic: Any = None  # engines.classic.ModelRepositoryManager, when a repository is served
-    embeddings: Any = None  # gateway.openai.embeddings.EmbeddingBridge
-    router: Any = None  # router.Router
-    workers: Any = None  # gateway.workers.WorkerPool
+    router: Router
+    workers: WorkerPool
+    classic: ModelRepositoryManager | None = None  # when a repository is served
+    embeddings: EmbeddingBridge | None = None
     started_at: float = field(default_factory=time.time)
     ready: bool = False  # set once every model can serve
     startup_error: str | None = None
@@ -35,7 +41,6 @@ def state_of(request: Request) -> AppState:
 
 
 def hints_from(request: Request) -> RouteHints:
-    return RouteHints(
-        policy=request.headers.get("x-routing-policy"),
-        session_key=request.headers.get("x-session-id"),
-    )
+    st = state_of(request)
+    return RouteHints(policy=request.headers.get("x-routing-policy"),
+                      session_key=request.headers.get(st.router.config.session_header))

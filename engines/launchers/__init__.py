@@ -70,16 +70,16 @@ def _spawn(spec: WorkerSpec, scratch: Path) -> EngineProcess:
     return EngineProcess(trtllm.build_trtllm_argv(spec, options))
 
 
-def _record(spec: WorkerSpec) -> dict[str, object]:
+def _record(spec: WorkerSpec) -> registration.WorkerRecord:
     if spec.engine == "vllm":
         events, replay = vllm.kv_endpoints(spec)
         block_size = _vllm_block_size(spec.url)
     else:
         events, replay = trtllm.kv_endpoints(spec)
         block_size = trtllm.DEFAULT_TOKENS_PER_BLOCK
-    return registration.worker_record(name=spec.worker_name, url=spec.url, models=[spec.served_model_name],
-                                      engine=spec.engine, block_size=block_size, kv_events_endpoint=events,
-                                      kv_events_replay_endpoint=replay, tokenizer=spec.model_path)
+    return registration.WorkerRecord(name=spec.worker_name, url=spec.url, models=(spec.served_model_name,),
+                                     engine=spec.engine, block_size=block_size, kv_events_endpoint=events,
+                                     kv_events_replay_endpoint=replay, tokenizer=spec.model_path)
 
 
 def _vllm_block_size(url: str) -> int | None:

@@ -10,9 +10,10 @@ from __future__ import annotations
 import logging
 import os
 import time
-from typing import Any
+from typing import Annotated, Literal, get_args
 
 import httpx
+from pydantic import BaseModel, ConfigDict, Field
 
 log = logging.getLogger(__name__)
 
@@ -22,27 +23,43 @@ def _headers() -> dict[str, str]:
     return {"Authorization": f"Bearer {key}"} if key else {}
 
 
-def worker_record(*, name: str, url: str, models: list[str], engine: str, block_size: int | None,
-                  kv_events_endpoint: str | None, kv_events_replay_endpoint: str | None,
-                  tokenizer: str | None = None) -> dict[str, Any]:
-    """The registration body. For vLLM the KV endpoints are ZMQ ``tcp://`` URLs; for
-    TensorRT-LLM the events endpoint is the worker's ``http://.../kv_cache_events``.
-    `tokenizer` (a path or repository model name) lets the gateway load the model's own
-    tokenizer when the served model id is neither."""
-    return {"name": name, "url": url, "models": models, "engine": engine, "block_size": block_size,
-            "kv_events_endpoint": kv_events_endpoint, "kv_events_replay_endpoint": kv_events_replay_endpoint,
-            "tokenizer": tokenizer}
+# Which engines a worker may declare; the gateway maps each to a client dialect.
+WorkerEngine = Literal["vllm", "trtllm", "transformers", "sim", "sluice", "openai"]
+WORKER_ENGINES: tuple[str, ...] = get_args(WorkerEngine)
+_NAME = r"^[A-Za-z0-9][A-Za-z0-9._:-]*$"
+_Text = Annotated[str, Field(min_length=1, max_length=2048)]
 
 
-def register(gateway: str, record: dict[str, Any], attempts: int = 10, delay_s: float = 1.0) -> None:
+class WorkerRecord(BaseModel):
+    """A worker as the gateway knows it from outside: the body of `POST /v1/admin/workers`,
+    one entry of `--workers-file`, and what `sluice worker` registers with.
+
+    For vLLM the KV endpoints are ZMQ `tcp://` URLs; for TensorRT-LLM the events
+    endpoint is the worker's `http://.../kv_cache_events`. `tokenizer` (a path or a
+    repository model name) lets the gateway load the model's own tokenizer when the
+    served model id is neither. Unknown fields are refused: a typo must not pass silently."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str = Field(min_length=1, max_length=128, pattern=_NAME)  # stable: metrics and X-Sluice-Worker
+    url: str = Field(max_length=2048, pattern=r"^https?://[^\s/]+")
+    models: tuple[Annotated[str, Field(min_length=1, max_length=256)], ...] = Field(default=(), max_length=64)
+    engine: WorkerEngine = "vllm"
+    block_size: int | None = Field(default=None, ge=1, le=1 << 20)
+    kv_events_endpoint: _Text | None = None
+    kv_events_replay_endpoint: _Text | None = None
+    tokenizer: _Text | None = None
+
+
+def register(gateway: str, record: WorkerRecord, attempts: int = 10, delay_s: float = 1.0) -> None:
     """POST the record; retries while the gateway is unreachable or 5xx, raises RuntimeError after."""
     url = gateway.rstrip("/") + "/v1/admin/workers"
     last = "no attempt"
     for attempt in range(attempts):
         try:
-            response = httpx.post(url, json=record, headers=_headers(), timeout=10.0)
+            response = httpx.post(url, json=record.model_dump(mode="json"), headers=_headers(), timeout=10.0)
             if response.status_code < 300:
-                log.info("registered worker %s with %s", record["name"], gateway)
+                log.info("registered worker %s with %s", record.name, gateway)
                 return
             last = f"HTTP {response.status_code}: {response.text[:200]}"
             if response.status_code < 500:

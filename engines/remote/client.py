@@ -13,7 +13,7 @@ import asyncio
 import json
 import logging
 from dataclasses import dataclass
-from typing import Any, AsyncIterator
+from typing import Any, AsyncGenerator, AsyncIterator
 
 import httpx
 
@@ -142,7 +142,7 @@ class RemoteEngine:
             reader.cancel()
         await asyncio.gather(reader, return_exceptions=True)
 
-    async def generate(self, request: EngineRequest) -> AsyncIterator[Delta]:
+    async def generate(self, request: EngineRequest) -> AsyncGenerator[Delta, None]:
         """Stream Deltas; raises EngineError before the first Delta (see LLMEngine)."""
         if request.request_id in self._readers:
             raise EngineError(f"duplicate request id {request.request_id!r}", ErrorKind.ALREADY_EXISTS)

@@ -1,66 +1,82 @@
-"""KServe generate / generate_stream for LLM models, over the injected LLM service.
+"""KServe generate / generate_stream for LLM models, on the same LLM pipeline as the OpenAI routes.
 
-Body: `{"text_input": "...", "parameters": {...}}` (other top-level keys are
-merged into the parameters, as Triton maps them to inputs). Response:
-`{"model_name", "model_version", "text_output"}`; the stream is SSE `data: {...}`
-per delta, ending with an error event rather than hanging if the engine fails.
+Body: `{"text_input": "...", "parameters": {...}}` (other top-level keys are merged
+into the parameters). Response: `{"model_name", "model_version", "text_output"}`;
+the stream is SSE `data: {...}` per delta, ending with an error event rather than
+hanging if the engine fails. gRPC ModelInfer / ModelStreamInfer use `start` and
+`text_deltas` too.
 """
 
 from __future__ import annotations
 
-import json
-from typing import Any, AsyncIterator
+import uuid
+from collections.abc import AsyncGenerator
+from contextlib import aclosing
+from typing import Any
 
 from sse_starlette.sse import EventSourceResponse
 
-from engines.base import EngineError
-from engines.classic.errors import Code, InferError, invalid, not_found
+from engines.base import Delta
+from engines.errors import ErrorKind, SluiceError, invalid
+from gateway.kserve.params import parse_params
+from gateway.llm.dispatch import Dispatch
+from gateway.llm.service import GenerateCall, LLMService, Prompt
+from gateway.sse import relay
+
+_BODY_KEYS = ("text_input", "prompt", "parameters", "id")
 
 
-def _status_code(exc: EngineError) -> Code:
-    if exc.kind in (Code.NOT_FOUND, Code.INVALID_ARG, Code.UNAVAILABLE, Code.INTERNAL, Code.UNSUPPORTED):
-        return exc.kind
-    return Code.INVALID_ARG if exc.kind is Code.CONTEXT_TOO_LONG else Code.UNAVAILABLE
-
-
-def parse_body(llm: Any, name: str, body: dict[str, Any]) -> tuple[str, dict[str, Any]]:
-    if llm is None or not llm.has_model(name):
-        raise not_found(f"Request for unknown model: '{name}' is not found")
+def parse_body(body: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    """(prompt text, raw parameters) of a generate body."""
     prompt = body.get("text_input", body.get("prompt"))
     if not isinstance(prompt, str):
-        raise invalid("generate needs a string 'text_input'")
+        raise invalid("generate needs a string 'text_input'", param="text_input")
     params = body.get("parameters") or {}
     if not isinstance(params, dict):
-        raise invalid("'parameters' must be a JSON object")
-    extra = {k: v for k, v in body.items() if k not in ("text_input", "prompt", "parameters", "id")}
+        raise invalid("'parameters' must be a JSON object", param="parameters")
+    extra = {k: v for k, v in body.items() if k not in _BODY_KEYS}
     return prompt, {**extra, **params}
 
 
-async def deltas(llm: Any, name: str, prompt: str, params: dict[str, Any]) -> AsyncIterator[Any]:
-    try:
-        async for delta in llm.generate_text(name, prompt, params):
+def start(llm: LLMService, name: str, prompt: str, raw_params: dict[str, Any]) -> Dispatch:
+    """Tokenize, validate and dispatch one generate request (domain errors only)."""
+    model = llm.get(name)
+    params = parse_params(raw_params)
+    ids = model.tokenizer.encode(prompt)
+    if not ids:
+        raise invalid("'text_input' is empty after tokenization", param="text_input")
+    return llm.dispatch(GenerateCall(model, [Prompt(ids, prompt)], params, f"gen-{uuid.uuid4().hex}"))
+
+
+async def text_deltas(d: Dispatch) -> AsyncGenerator[Delta, None]:
+    """The single choice's deltas; an engine failure becomes SluiceError(INTERNAL)."""
+    async with aclosing(d.deltas()) as deltas:
+        async for _, delta in deltas:
+            if delta.finish_reason == "error":
+                raise SluiceError(delta.error or "generation failed", ErrorKind.INTERNAL)
             yield delta
-    except EngineError as exc:
-        raise InferError(exc.message, _status_code(exc)) from None
 
 
-async def generate_once(llm: Any, name: str, version: str, body: dict[str, Any]) -> dict[str, Any]:
-    prompt, params = parse_body(llm, name, body)
-    text = []
-    async for delta in deltas(llm, name, prompt, params):
-        if delta.finish_reason == "error":
-            raise InferError(delta.error or "generation failed", Code.INTERNAL)
-        text.append(delta.text)
+async def generate_once(llm: LLMService, name: str, version: str, body: dict[str, Any]) -> dict[str, Any]:
+    d = start(llm, name, *parse_body(body))
+    try:
+        text = [delta.text async for delta in text_deltas(d)]
+    finally:
+        d.close()
     return {"model_name": name, "model_version": version or "1", "text_output": "".join(text)}
 
 
-async def generate_sse(llm: Any, name: str, version: str, body: dict[str, Any]) -> EventSourceResponse:
-    prompt, params = parse_body(llm, name, body)
-    stream = deltas(llm, name, prompt, params)
-    # Pull the first delta before answering, so refusals get a proper status code.
-    first = await anext(stream, None)
+async def generate_sse(llm: LLMService, name: str, version: str, body: dict[str, Any]) -> EventSourceResponse:
+    d = start(llm, name, *parse_body(body))
+    stream = text_deltas(d)
+    try:
+        # Pull the first delta before answering, so an engine's refusal gets a status code.
+        first = await anext(stream, None)
+    except BaseException:
+        d.close()
+        raise
 
-    async def events() -> AsyncIterator[dict[str, str]]:
+    async def events() -> AsyncGenerator[dict[str, Any], None]:
         delta = first
         try:
             while delta is not None:
@@ -68,13 +84,10 @@ async def generate_sse(llm: Any, name: str, version: str, body: dict[str, Any]) 
                                         "text_output": delta.text}
                 if delta.finish_reason:
                     data["finish_reason"] = delta.finish_reason
-                if delta.finish_reason == "error":
-                    data["error"] = delta.error or "generation failed"
-                yield {"data": json.dumps(data)}
+                yield data
                 delta = await anext(stream, None)
-        except InferError as exc:
-            yield {"data": json.dumps({"error": exc.message})}
         finally:
             await stream.aclose()  # client gone or done: stop the engine request
 
-    return EventSourceResponse(events(), ping=15)
+    return relay(events(), error_body=lambda e: {"error": getattr(e, "message", "generation failed")},
+                 done=None, ping_s=15.0, on_close=d.close)

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any, AsyncIterator
+from collections.abc import AsyncIterator
+from typing import Any
 
 import grpc
 import numpy as np
@@ -23,6 +24,8 @@ from engines.classic.manager import ModelRepositoryManager
 from engines.errors import SluiceError
 from gateway.kserve import generate, grpc_infer, views
 from gateway.kserve.errors import grpc_status
+from gateway.llm.dispatch import Dispatch
+from gateway.llm.service import LLMService
 
 log = logging.getLogger("sluice.kserve.grpc")
 MAX_MESSAGE_BYTES = 256 * 1024 * 1024
@@ -33,7 +36,7 @@ async def _abort(context: grpc.aio.ServicerContext, exc: SluiceError) -> None:
 
 
 class KServeServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
-    def __init__(self, manager: ModelRepositoryManager, llm_service: Any = None) -> None:
+    def __init__(self, manager: ModelRepositoryManager, llm_service: LLMService) -> None:
         self.m = manager
         self.llm = llm_service
 
@@ -117,22 +120,21 @@ class KServeServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
                                      priority, timeout_us, extra, request.id)
         return grpc_infer.encode_response(request.model_name, model.version, request.id, outputs)
 
-    def _llm_prompt(self, request: pb.ModelInferRequest) -> tuple[str, dict[str, Any]]:
+    def _llm_start(self, request: pb.ModelInferRequest) -> Dispatch:
         inputs = grpc_infer.decode_inputs(request)
         prompt = inputs.get("text_input")
         if prompt is None or prompt.size != 1:
             raise invalid("LLM models take one BYTES 'text_input'")
         params = {k: grpc_infer.param_value(v) for k, v in request.parameters.items()}
-        body = {"text_input": prompt.reshape(-1)[0].decode("utf-8", errors="replace"), "parameters": params}
-        return generate.parse_body(self.llm, request.model_name, body)
+        text = prompt.reshape(-1)[0].decode("utf-8", errors="replace")
+        return generate.start(self.llm, request.model_name, text, params)
 
     async def _llm_text(self, request: pb.ModelInferRequest) -> pb.ModelInferResponse:
-        prompt, params = self._llm_prompt(request)
-        text = []
-        async for delta in generate.deltas(self.llm, request.model_name, prompt, params):
-            if delta.finish_reason == "error":
-                raise InferError(delta.error or "generation failed", Code.INTERNAL)
-            text.append(delta.text)
+        d = self._llm_start(request)
+        try:
+            text = [delta.text async for delta in generate.text_deltas(d)]
+        finally:
+            d.close()
         return self._text_response(request, "".join(text))
 
     def _text_response(self, request: pb.ModelInferRequest, text: str, final: bool = True) -> pb.ModelInferResponse:
@@ -179,15 +181,17 @@ class KServeServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
                 task.cancel()
 
     async def _stream_llm(self, request: pb.ModelInferRequest, queue: asyncio.Queue[Any]) -> None:
-        prompt, params = self._llm_prompt(request)
-        async for delta in generate.deltas(self.llm, request.model_name, prompt, params):
-            if delta.finish_reason == "error":
-                raise InferError(delta.error or "generation failed", Code.INTERNAL)
-            response = self._text_response(request, delta.text, final=delta.finish_reason is not None)
-            await queue.put(pb.ModelStreamInferResponse(infer_response=response))
+        d = self._llm_start(request)
+        try:
+            async for delta in generate.text_deltas(d):
+                response = self._text_response(request, delta.text, final=delta.finish_reason is not None)
+                await queue.put(pb.ModelStreamInferResponse(infer_response=response))
+        finally:
+            d.close()
 
 
-async def start_grpc_server(manager: ModelRepositoryManager, llm_service: Any, host: str, port: int) -> grpc.aio.Server:
+async def start_grpc_server(manager: ModelRepositoryManager, llm_service: LLMService, host: str, port: int
+                            ) -> grpc.aio.Server:
     """Create, bind and start the KServe gRPC server; raises RuntimeError if the port cannot be bound."""
     server = grpc.aio.server(options=[("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
                                       ("grpc.max_send_message_length", MAX_MESSAGE_BYTES)])

@@ -13,7 +13,8 @@ import inspect
 import json
 import logging
 import zlib
-from typing import Any, Awaitable, Callable
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
@@ -24,6 +25,7 @@ from engines.errors import SluiceError
 from gateway.kserve import generate, views
 from gateway.kserve.errors import http_status, retry_headers
 from gateway.kserve.http_infer import decode_request, encode_response
+from gateway.llm.service import LLMService
 
 log = logging.getLogger("sluice.kserve.http")
 HEADER_LENGTH = "Inference-Header-Content-Length"
@@ -71,10 +73,16 @@ async def read_json(request: Request) -> dict[str, Any]:
     return data
 
 
-def build_router(manager: ModelRepositoryManager, llm_service: Any = None) -> APIRouter:
+def build_router(manager: ModelRepositoryManager, llm: LLMService) -> APIRouter:
     router = APIRouter()
-    m, llm = manager, llm_service
+    _server_routes(router, manager)
+    for prefix in ("/v2/models/{name}", "/v2/models/{name}/versions/{version}"):
+        _model_routes(router, prefix, manager, llm)
+    _repository_routes(router, manager, llm)
+    return router
 
+
+def _server_routes(router: APIRouter, m: ModelRepositoryManager) -> None:
     @router.get("/v2")
     async def server_metadata() -> Response:
         return JSONResponse(views.to_dict(views.server_metadata()))
@@ -91,9 +99,8 @@ def build_router(manager: ModelRepositoryManager, llm_service: Any = None) -> AP
     async def all_stats() -> Response:
         return await guarded(lambda: _json(views.to_dict(views.statistics(m, "", ""))))
 
-    for prefix in ("/v2/models/{name}", "/v2/models/{name}/versions/{version}"):
-        _model_routes(router, prefix, m, llm)
 
+def _repository_routes(router: APIRouter, m: ModelRepositoryManager, llm: LLMService) -> None:
     @router.post("/v2/repository/index")
     async def index(request: Request) -> Response:
         async def run() -> Response:
@@ -127,14 +134,12 @@ def build_router(manager: ModelRepositoryManager, llm_service: Any = None) -> AP
             return Response(status_code=200)
         return await guarded(run)
 
-    return router
-
 
 def _json(data: Any, status: int = 200) -> Response:
     return JSONResponse(data, status_code=status)
 
 
-def _model_routes(router: APIRouter, prefix: str, m: ModelRepositoryManager, llm: Any) -> None:
+def _model_routes(router: APIRouter, prefix: str, m: ModelRepositoryManager, llm: LLMService) -> None:
     @router.get(prefix)
     async def metadata(name: str, version: str = "") -> Response:
         return await guarded(lambda: _json(views.to_dict(views.model_metadata(m, llm, name, version))))

@@ -84,7 +84,7 @@ def _decode_inputs(specs: Any, raw: memoryview) -> tuple[dict[str, np.ndarray], 
         name = spec["name"]
         if name in inputs:
             raise invalid(f"input '{name}' appears more than once")
-        datatype = spec.get("datatype")
+        datatype = str(spec.get("datatype"))
         shape = codec.check_shape(name, spec.get("shape"))
         codec.wire_dtype(name, datatype)
         params = _dict(spec.get("parameters"), f"inputs['{name}'].parameters")

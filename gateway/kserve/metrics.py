@@ -6,7 +6,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 from prometheus_client.core import GaugeMetricFamily, UntypedMetricFamily
 from prometheus_client.registry import Collector, CollectorRegistry

@@ -84,13 +84,13 @@ def model_ready(manager: ModelRepositoryManager, llm: Any, name: str, version: s
 
 
 def is_llm(manager: ModelRepositoryManager, llm: Any, name: str) -> bool:
-    return llm is not None and name not in manager.model_names() and llm.has_model(name)
+    return llm is not None and name not in manager.model_names() and llm.registry.has(name)
 
 
 def repository_index(manager: ModelRepositoryManager, llm: Any, ready_only: bool) -> list[dict[str, str]]:
     rows = manager.repository_index(ready_only)
     if llm is not None:
-        rows += [{"name": n, "version": "1", "state": "READY", "reason": ""} for n in llm.model_names()]
+        rows += [{"name": n, "version": "1", "state": "READY", "reason": ""} for n in llm.registry.names()]
     return sorted(rows, key=lambda r: (r["name"], r["version"]))
 
 

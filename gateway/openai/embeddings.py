@@ -3,24 +3,29 @@
 A repository model is offered here when its config.pbtxt carries
 `parameters { key: "openai_task" value { string_value: "embeddings" } }`; it
 takes a BYTES input `TEXT` and returns FP32 `EMBEDDING` rows. Requests go
-through that model's dynamic batcher like any KServe request.
+through that model's dynamic batcher like any KServe request, split into
+batches of the model's `max_batch_size` (OpenAI accepts 2,048 inputs).
 """
 
 from __future__ import annotations
 
+import asyncio
 import base64
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
-from engines.errors import SluiceError
-from gateway.errors import OpenAIError, model_not_found
+from engines.errors import ErrorKind, SluiceError
+from gateway.llm.registry import model_not_found
 from gateway.openai.schemas import EmbeddingRequest
 from gateway.state import state_of
+
+if TYPE_CHECKING:
+    from engines.classic.manager import ModelRepositoryManager
 
 router = APIRouter()
 
@@ -32,38 +37,37 @@ class EmbeddingModel:
     max_input_tokens: int
     dimensions: int
     created: int
+    max_batch_size: int  # rows per infer call: larger requests are split
 
 
 class EmbeddingBridge:
-    def __init__(self, manager: Any) -> None:
+    def __init__(self, manager: ModelRepositoryManager) -> None:
         self.manager = manager
         self.models: dict[str, EmbeddingModel] = {}
 
     @classmethod
-    def discover(cls, manager: Any, repository: Path) -> EmbeddingBridge:
-        from google.protobuf import text_format
+    def discover(cls, manager: ModelRepositoryManager) -> EmbeddingBridge:
+        """Every loaded model whose config offers it as an OpenAI embeddings model
+        (read from the configs the repository manager already parsed)."""
         from tokenizers import Tokenizer
-        from tritonclient.grpc import model_config_pb2
 
         from engines.weights import resolve_weights
 
         bridge = cls(manager)
-        for cfg_path in sorted(Path(repository).glob("*/config.pbtxt")):
-            cfg = model_config_pb2.ModelConfig()
+        for name in manager.model_names():
             try:
-                text_format.Parse(cfg_path.read_text(), cfg)
-            except text_format.ParseError:
-                continue  # the repository manager reports broken configs
+                cfg = manager.model_config(name)
+            except SluiceError:
+                continue  # not ready: the repository index reports why
             params = {k: v.string_value for k, v in cfg.parameters.items()}
             if params.get("openai_task") != "embeddings":
                 continue
-            name = cfg.name or cfg_path.parent.name
-            tok_dir = resolve_weights(params["tokenizer"], cfg_path.parent, name)
+            tok_dir = resolve_weights(params["tokenizer"], manager.repo_dir / name, name)
             tok = Tokenizer.from_file(str(Path(tok_dir) / "tokenizer.json"))
             tok.no_truncation()
-            dims = int(params.get("dimensions", "384"))
-            max_tokens = int(params.get("max_input_tokens", "512"))
-            bridge.models[name] = EmbeddingModel(name, tok, max_tokens, dims, int(cfg_path.stat().st_mtime))
+            bridge.models[name] = EmbeddingModel(
+                name, tok, int(params.get("max_input_tokens", "512")), int(params.get("dimensions", "384")),
+                int((manager.repo_dir / name / "config.pbtxt").stat().st_mtime), max(1, cfg.max_batch_size))
         return bridge
 
     def texts(self, model: EmbeddingModel, body: EmbeddingRequest) -> tuple[list[str], int]:
@@ -76,38 +80,40 @@ class EmbeddingBridge:
             items = list(raw)
         texts, total = [], 0
         for i, item in enumerate(items):
-            if isinstance(item, list):
-                text = model.tokenizer.decode(item, skip_special_tokens=True)
-            else:
-                text = item
+            text = model.tokenizer.decode(item, skip_special_tokens=True) if isinstance(item, list) else item
             if not text:
-                raise OpenAIError(400, f"input[{i}] is empty", param="input")
+                raise SluiceError(f"input[{i}] is empty", ErrorKind.INVALID_ARG, param="input")
             n = len(model.tokenizer.encode(text).ids)
             if n > model.max_input_tokens:
-                raise OpenAIError(400, f"input[{i}] has {n} tokens; this model's maximum is "
-                                  f"{model.max_input_tokens}", code="context_length_exceeded", param="input")
+                raise SluiceError(f"input[{i}] has {n} tokens; this model's maximum is {model.max_input_tokens}",
+                                  ErrorKind.CONTEXT_TOO_LONG, code="context_length_exceeded", param="input")
             texts.append(text)
             total += n
         return texts, total
 
 
+    async def embed(self, model: EmbeddingModel, texts: list[str]) -> np.ndarray:
+        """[len(texts), dims] float32, in model-sized batches through the model's batcher."""
+        rows = np.array(texts, dtype=object).reshape(-1, 1)  # batched model: [N, 1] per Triton's rules
+        step = model.max_batch_size
+        parts = [self.manager.infer(model.name, "", {"TEXT": rows[i:i + step]}, ["EMBEDDING"])
+                 for i in range(0, len(rows), step)]
+        outputs = await asyncio.gather(*parts)
+        return np.concatenate([np.asarray(o["EMBEDDING"], dtype=np.float32) for o in outputs])
+
+
 @router.post("/v1/embeddings")
 async def embeddings(body: EmbeddingRequest, request: Request) -> JSONResponse:
     request.state.sluice_model = body.model
-    bridge: EmbeddingBridge | None = state_of(request).embeddings
+    bridge = state_of(request).embeddings
     model = bridge.models.get(body.model) if bridge else None
     if model is None or bridge is None:
         raise model_not_found(body.model)
     if body.dimensions is not None and body.dimensions != model.dimensions:
-        raise OpenAIError(400, f"this model only produces {model.dimensions}-dimensional embeddings",
-                          param="dimensions")
+        raise SluiceError(f"this model only produces {model.dimensions}-dimensional embeddings",
+                          ErrorKind.UNSUPPORTED, param="dimensions")
     texts, tokens = bridge.texts(model, body)
-    try:
-        rows = np.array(texts, dtype=object).reshape(-1, 1)  # batched model: [N, 1] per Triton's rules
-        out = await bridge.manager.infer(model.name, "", {"TEXT": rows}, ["EMBEDDING"])
-    except SluiceError as e:  # the repository manager reports unavailable/queue-full models
-        raise OpenAIError.from_engine(e) from None
-    vectors = np.asarray(out["EMBEDDING"], dtype=np.float32)
+    vectors = await bridge.embed(model, texts)
     data = []
     for i, vec in enumerate(vectors):
         emb: Any = (base64.b64encode(vec.astype("<f4").tobytes()).decode() if body.encoding_format == "base64"

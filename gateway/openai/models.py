@@ -7,7 +7,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
-from gateway.errors import model_not_found
+from gateway.llm.registry import model_not_found
 from gateway.state import AppState, state_of
 
 router = APIRouter()
@@ -15,7 +15,7 @@ router = APIRouter()
 
 def _cards(st: AppState) -> dict[str, dict[str, Any]]:
     cards = {}
-    for name, m in st.llm.models.items():
+    for name, m in st.llm.registry.models.items():
         cards[name] = {"id": name, "object": "model", "created": m.created, "owned_by": m.owned_by,
                        "max_model_len": m.context_length}
         if m.root:

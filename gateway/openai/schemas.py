@@ -75,17 +75,22 @@ class ChatMessage(_Base):
     tool_call_id: str | None = None
 
 
-class ChatCompletionRequest(_Sampling):
+class ChatTemplateFields(_Base):
+    """What the chat template is rendered with; chat and /tokenize share these."""
+
+    tools: list[dict[str, Any]] | None = None
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    chat_template_kwargs: dict[str, Any] | None = None
+
+
+class ChatCompletionRequest(ChatTemplateFields, _Sampling):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(default=None, ge=0)
     logprobs: bool = False
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
-    tools: list[dict[str, Any]] | None = None
     tool_choice: Any = None
     response_format: dict[str, Any] | None = None
-    add_generation_prompt: bool = True
-    continue_final_message: bool = False
-    chat_template_kwargs: dict[str, Any] | None = None
 
     @model_validator(mode="after")
     def _limits(self) -> ChatCompletionRequest:
@@ -129,12 +134,11 @@ class EmbeddingRequest(_Base):
         return v
 
 
-class TokenizeRequest(_Base):
+class TokenizeRequest(ChatTemplateFields):
     model: str
     prompt: str | None = None
     messages: list[ChatMessage] | None = None
     add_special_tokens: bool = True
-    add_generation_prompt: bool = True
 
     @model_validator(mode="after")
     def _one(self) -> TokenizeRequest:

@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from gateway.admission import Admission, AdmissionConfig, QueueFull
+from gateway.llm.admission import Admission, AdmissionConfig, QueueFull
 
 
 async def test_running_then_queued_then_refused() -> None:

@@ -14,7 +14,7 @@ from fastapi import FastAPI
 
 from engines.base import EngineError
 from engines.errors import ErrorKind
-from gateway.openai.streaming import sse
+from gateway.openai.sse import sse
 from tests.servers import free_port
 
 

@@ -11,6 +11,8 @@ import asyncio
 from collections import deque
 from dataclasses import dataclass
 
+from engines.errors import ErrorKind, SluiceError
+
 
 @dataclass(frozen=True, slots=True)
 class AdmissionConfig:
@@ -24,8 +26,10 @@ class AdmissionConfig:
             raise ValueError(f"max_queued must be >= 0, got {self.max_queued}")
 
 
-class QueueFull(Exception):
-    pass
+class QueueFull(SluiceError):
+    def __init__(self, running: int, queued: int) -> None:
+        super().__init__(f"The server is overloaded ({running} requests running and {queued} queued); retry later.",
+                         ErrorKind.OVERLOADED, code="queue_full", retry_after_s=1.0)
 
 
 class Ticket:
@@ -67,7 +71,7 @@ class Admission:
             self.running += 1
             return Ticket(self, True)
         if len(self._waiting) >= self.config.max_queued:
-            raise QueueFull(f"{self.running} requests running and {len(self._waiting)} queued")
+            raise QueueFull(self.running, len(self._waiting))
         t = Ticket(self, False)
         self._waiting.append(t)
         return t

@@ -10,68 +10,40 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from dataclasses import dataclass, replace
+from collections.abc import Sequence
+from functools import partial
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 from urllib.parse import urlparse
 
 import httpx
 
-from engines.base import EngineError, EngineRequest, LLMEngine
-from engines.errors import ErrorKind
+from engines.base import EngineRequest, LLMEngine
+from engines.errors import ErrorKind, SluiceError
+from engines.launchers.registration import WorkerRecord
 from engines.remote import RemoteEngine, RemoteEngineConfig
 from engines.tokenizer import ChatTokenizer
 from engines.weights import resolve_llm
-from gateway.errors import OpenAIError
-from gateway.backends import RouteHints, Target
-from gateway.llm_service import LLMService
+from gateway.llm.registry import ModelRegistry
+from gateway.llm.targets import RouteHints, Target
 from router import NoWorkerError, Router, WorkerInfo
 
 log = logging.getLogger("sluice.workers")
 
-_DIALECTS = {"vllm": "vllm", "trtllm": "trtllm", "transformers": "openai", "sluice": "openai", "openai": "openai"}
+_DIALECTS = {"vllm": "vllm", "sim": "vllm", "trtllm": "trtllm", "transformers": "openai", "sluice": "openai",
+             "openai": "openai"}
 
 
-@dataclass(frozen=True, slots=True)
-class WorkerRecord:
-    """What a worker registers with (POST /v1/admin/workers) or a workers file lists."""
-
-    name: str
-    url: str
-    models: tuple[str, ...] = ()  # empty: ask the worker's /v1/models
-    engine: str = "vllm"
-    block_size: int | None = None
-    kv_events_endpoint: str | None = None
-    kv_events_replay_endpoint: str | None = None
-    tokenizer: str | None = None  # path or repository name, when the model id is not one
-
-    def __post_init__(self) -> None:
-        if self.engine not in _DIALECTS:
-            raise ValueError(f"worker {self.name}: engine must be one of {sorted(_DIALECTS)}")
-        if not self.name or any(c.isspace() or c == "/" for c in self.name):
-            raise ValueError(f"worker name must be non-empty, without spaces or '/', got {self.name!r}")
-        if not self.url.startswith(("http://", "https://")):
-            raise ValueError(f"worker {self.name}: url must start with http:// or https://")
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> WorkerRecord:
-        known = {k: d[k] for k in cls.__slots__ if k in d and d[k] is not None}  # type: ignore[attr-defined]
-        if "models" in known:
-            known["models"] = tuple(known["models"])
-        missing = {"name", "url"} - set(known)
-        if missing:
-            raise ValueError(f"worker record is missing {', '.join(sorted(missing))}")
-        return cls(**known)
-
-    def worker_info(self, models: tuple[str, ...]) -> WorkerInfo:
-        events = self.kv_events_endpoint
-        trtllm = self.engine == "trtllm" and bool(events) and str(events).startswith("http")
-        return WorkerInfo(
-            name=self.name, url=self.url.rstrip("/"), models=models, block_size=self.block_size,
-            engine=self.engine, kv_events_endpoint=None if trtllm else events,
-            kv_events_replay_endpoint=None if trtllm else self.kv_events_replay_endpoint,
-            trtllm_events=trtllm,
-        )
+def worker_info(record: WorkerRecord, models: tuple[str, ...]) -> WorkerInfo:
+    """The router's view of a registered worker."""
+    events = record.kv_events_endpoint
+    trtllm = record.engine == "trtllm" and bool(events) and str(events).startswith("http")
+    return WorkerInfo(
+        name=record.name, url=record.url.rstrip("/"), models=models, block_size=record.block_size,
+        engine=record.engine, kv_events_endpoint=None if trtllm else events,
+        kv_events_replay_endpoint=None if trtllm else record.kv_events_replay_endpoint,
+        trtllm_events=trtllm,
+    )
 
 
 class RoutedBackend:
@@ -88,10 +60,9 @@ class RoutedBackend:
                                   session_key=hints.session_key, lora=request.lora,
                                   cache_salt=request.cache_salt)
         except NoWorkerError as e:
-            raise OpenAIError(503, str(e), code="no_worker", err_type="server_error",
-                              headers={"Retry-After": "1"}) from None
+            raise SluiceError(str(e), ErrorKind.NO_WORKER, retry_after_s=1.0) from None
         except ValueError as e:  # unknown X-Routing-Policy
-            raise OpenAIError(400, str(e), param="X-Routing-Policy") from None
+            raise SluiceError(str(e), ErrorKind.INVALID_ARG, param="X-Routing-Policy") from None
         rid = request.request_id
         targets = []
         for cand in ranking.candidates:
@@ -100,10 +71,13 @@ class RoutedBackend:
                 continue
             targets.append(Target(
                 cand.worker, engine, cand.predicted_cached_tokens, cand.reason,
-                on_dispatch=lambda w=cand.worker: router.on_dispatch(rid, ranking, w),
+                on_dispatch=partial(router.on_dispatch, rid, ranking, cand.worker),
                 on_first_token=lambda: router.on_first_token(rid),
                 on_finish=lambda cached, failed: router.on_finish(rid, cached_tokens=cached, error=failed),
             ))
+        if not targets:
+            raise SluiceError(f"no healthy worker serves model `{self.model}`", ErrorKind.NO_WORKER,
+                              retry_after_s=1.0)
         return targets
 
     def engines(self) -> Sequence[tuple[str, LLMEngine]]:
@@ -117,8 +91,8 @@ class RoutedBackend:
 class WorkerPool:
     """Owns the RemoteEngines and keeps the router and the LLM service in step."""
 
-    def __init__(self, llm: LLMService, router: Router, repository: Path | None) -> None:
-        self.llm = llm
+    def __init__(self, registry: ModelRegistry, router: Router, repository: Path | None) -> None:
+        self.registry = registry
         self.router = router
         self.repository = repository
         self.engines: dict[str, RemoteEngine] = {}
@@ -128,20 +102,21 @@ class WorkerPool:
     async def add(self, record: WorkerRecord) -> list[str]:
         """Register or replace a worker; returns the model ids it serves.
 
-        Raises EngineError (503) if the worker cannot be reached to list its models,
-        OpenAIError (409) if a model is already served in-process."""
+        Raises SluiceError: UNAVAILABLE if the worker cannot be reached to list its models,
+        ALREADY_EXISTS if a model is already served in-process."""
         async with self._lock:
             cards = await _model_cards(record.url)
             models = record.models or tuple(cards)
             for m in models:
-                existing = self.llm.models.get(m)
+                existing = self.registry.models.get(m)
                 if existing is not None and not isinstance(existing.backend, RoutedBackend):
-                    raise OpenAIError(409, f"model `{m}` is served in-process by this gateway", param="models")
+                    raise SluiceError(f"model `{m}` is served in-process by this gateway",
+                                      ErrorKind.ALREADY_EXISTS, param="models")
             for m in models:
-                if m not in self.llm.models:
+                if m not in self.registry.models:
                     tok = await asyncio.to_thread(self._tokenizer, m, record, cards.get(m, {}))
-                    ctx = int(cards.get(m, {}).get("max_model_len") or 2048)
-                    self.llm.add_model(m, tok, ctx, RoutedBackend(m, self))
+                    ctx = _context_length(cards.get(m, {}))
+                    self.registry.add(m, tok, ctx, RoutedBackend(m, self))
             # trtllm-serve lists its model under the path it loaded; the record's id is
             # what clients use, so requests must carry the worker's own id.
             served = next(iter(cards)) if record.models and len(cards) == 1 and not set(cards) & set(models) \
@@ -152,7 +127,7 @@ class WorkerPool:
             await engine.start()
             self.engines[record.name] = engine
             self.records[record.name] = record
-            self.router.add_worker(record.worker_info(tuple(models)))
+            self.router.add_worker(worker_info(record, tuple(models)))
             if old is not None:
                 await old.stop()
             log.info("worker %s registered: %s (%s)", record.name, ", ".join(models), record.engine)
@@ -166,9 +141,9 @@ class WorkerPool:
                 return False
             self.router.remove_worker(name)
             served = set(self.router.models())
-            for m in [m for m, model in self.llm.models.items()
+            for m in [m for m, model in self.registry.models.items()
                       if isinstance(model.backend, RoutedBackend) and m not in served]:
-                del self.llm.models[m]
+                self.registry.remove(m)
             await engine.stop()
             log.info("worker %s removed", name)
             return True
@@ -188,8 +163,9 @@ class WorkerPool:
                 return ChatTokenizer(resolve_llm(str(candidate), self.repository))
             except (FileNotFoundError, ValueError, OSError) as e:
                 tried.append(f"{candidate}: {e}")
-        raise OpenAIError(400, f"no local tokenizer for model `{model}` (tried {'; '.join(tried)}); register "
-                          "the worker with a `tokenizer` path or repository model name", param="tokenizer")
+        raise SluiceError(f"no local tokenizer for model `{model}` (tried {'; '.join(tried)}); register the "
+                          "worker with a `tokenizer` path or repository model name", ErrorKind.INVALID_ARG,
+                          param="tokenizer")
 
 
 async def _model_cards(url: str) -> dict[str, dict[str, Any]]:
@@ -197,10 +173,16 @@ async def _model_cards(url: str) -> dict[str, dict[str, Any]]:
         async with httpx.AsyncClient(timeout=5.0) as http:
             r = await http.get(url.rstrip("/") + "/v1/models")
     except httpx.HTTPError as e:
-        raise EngineError(f"worker {url} is unreachable: {e!r}", ErrorKind.UNAVAILABLE, retryable=True) from None
+        raise SluiceError(f"worker {url} is unreachable: {e!r}", ErrorKind.UNAVAILABLE, retryable=True) from None
     if r.status_code != 200:
-        raise EngineError(f"worker {url} answered {r.status_code} on /v1/models", ErrorKind.UNAVAILABLE)
+        raise SluiceError(f"worker {url} answered {r.status_code} on /v1/models", ErrorKind.UNAVAILABLE)
     return {m["id"]: m for m in r.json().get("data", []) if isinstance(m, dict) and "id" in m}
+
+
+def _context_length(card: dict[str, Any]) -> int:
+    """vLLM reports `max_model_len`; a worker that does not is assumed to take 2,048 tokens."""
+    value = card.get("max_model_len")
+    return value if isinstance(value, int) and not isinstance(value, bool) and 0 < value < 1 << 24 else 2048
 
 
 def parse_worker_arg(value: str, index: int) -> WorkerRecord:
@@ -236,5 +218,6 @@ async def discover_kv_events(record: WorkerRecord) -> WorkerRecord:
         return record  # a concrete host means vLLM connects out: the router would have to bind
     host = urlparse(record.url).hostname or "127.0.0.1"
     replay = cfg.get("replay_endpoint")
-    return replace(record, kv_events_endpoint=str(endpoint).replace("*", host),
-                   kv_events_replay_endpoint=str(replay).replace("*", host) if replay else None)
+    return record.model_copy(update={
+        "kv_events_endpoint": str(endpoint).replace("*", host),
+        "kv_events_replay_endpoint": str(replay).replace("*", host) if replay else None})

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import asyncio
-from typing import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 
 from engines.base import Delta
 
 
-async def merge(streams: list[AsyncIterator[Delta]]) -> AsyncIterator[tuple[int, Delta]]:
+async def merge(streams: list[AsyncIterator[Delta]]) -> AsyncGenerator[tuple[int, Delta], None]:
     """Interleave several delta streams (n > 1), tagging each with its index.
 
     Closing the merged iterator cancels every inner stream (client disconnects

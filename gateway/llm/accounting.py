@@ -1,0 +1,48 @@
+"""What the LLM layer records about each request: timings, token counts, admission gauges."""
+
+from __future__ import annotations
+
+import time
+
+from engines.base import Delta, EngineRequest
+from gateway.llm.registry import LLMModel
+from gateway.metrics import LLMMetrics
+
+
+class StreamClock:
+    """Per-attempt timing: TTFT on the first visible delta, inter-token latency after."""
+
+    def __init__(self, metrics: LLMMetrics, model: str, t0: float) -> None:
+        self.m, self.model = metrics, model
+        self.t0 = self.last_t = t0
+        self.first = True
+        self.reported_cached: int | None = None
+
+    def tick(self, delta: Delta) -> bool:
+        """Record one delta; True when it is the attempt's first token."""
+        now = time.monotonic()
+        visible = bool(delta.text or delta.token_ids or delta.chat_extra)
+        first = self.first and (visible or delta.finish_reason is not None)
+        if first:
+            self.m.ttft.labels(self.model).observe(now - self.t0)
+            self.first = False
+        elif visible:
+            self.m.itl.labels(self.model).observe(now - self.last_t)
+        self.last_t = now
+        if delta.cached_tokens is not None:
+            self.reported_cached = delta.cached_tokens
+        return first
+
+
+def account_finished(metrics: LLMMetrics, model: str, request: EngineRequest, last: Delta) -> None:
+    m = metrics
+    m.prompt_tokens.labels(model).inc(last.prompt_tokens or len(request.prompt_token_ids))
+    m.generation_tokens.labels(model).inc(last.completion_tokens)
+    if last.cached_tokens:
+        m.cached_tokens.labels(model).inc(last.cached_tokens)
+    m.finished.labels(model, last.finish_reason or "unknown").inc()
+
+
+def gauge_admission(metrics: LLMMetrics, model: LLMModel) -> None:
+    metrics.inflight.labels(model.name).set(model.admission.running)
+    metrics.queued.labels(model.name).set(model.admission.queued)

@@ -1,0 +1,164 @@
+"""Dispatch: one admitted, routed API request, from the routing decision to the last delta.
+
+A `Dispatch` holds the engine requests one API request became (prompts × n), the
+ranked targets of each, and its admission ticket. It alone owns every target's
+lifecycle: an attempt is opened (the router's `on_dispatch`) when its target is
+chosen and closed (`on_finish`) exactly once, whether it streamed to the end,
+failed over, or the client left before it ran. `close()` is idempotent and every
+protocol edge calls it when its response ends.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncGenerator
+from contextlib import aclosing
+from dataclasses import dataclass, field
+
+from engines.base import Delta, EngineRequest
+from engines.errors import SluiceError
+from gateway.llm.accounting import StreamClock, account_finished, gauge_admission
+from gateway.llm.admission import Ticket
+from gateway.llm.fanout import merge
+from gateway.llm.registry import LLMModel
+from gateway.llm.targets import Target
+from gateway.metrics import LLMMetrics
+
+
+@dataclass(slots=True)
+class _Choice:
+    request: EngineRequest
+    targets: list[Target]  # ranked, best first; never empty
+    current: int = 0  # the target of the open (or last) attempt
+    open: bool = False  # the current attempt was dispatched and not yet finished
+
+
+@dataclass(slots=True)
+class Dispatch:
+    metrics: LLMMetrics
+    model: LLMModel
+    choices: list[_Choice]
+    ticket: Ticket
+    request_id: str
+    created: int = field(default_factory=lambda: int(time.time()))
+    _closed: bool = False
+
+    @property
+    def requests(self) -> list[EngineRequest]:
+        return [c.request for c in self.choices]
+
+    @property
+    def worker(self) -> str:
+        """The worker of the first choice's current (or last) attempt."""
+        first = self.choices[0]
+        return first.targets[first.current].name
+
+    def headers(self, client_request_id: str | None) -> dict[str, str]:
+        """Routing headers of the first choice. A streaming response sends them before
+        generation starts, so after a failover they name the first-ranked worker; a
+        non-streaming response builds them at the end and names the one that served."""
+        h = {"X-Sluice-Worker": self.worker, "X-Request-Id": client_request_id or self.request_id}
+        first = self.choices[0].targets[0]
+        # Lets clients compare the router's prediction with the engine's
+        # usage.prompt_tokens_details.cached_tokens, request by request.
+        if first.predicted_cached_tokens is not None:
+            h["X-Sluice-Predicted-Cached-Tokens"] = str(first.predicted_cached_tokens)
+        if first.reason is not None:
+            h["X-Sluice-Route-Reason"] = first.reason
+        return h
+
+    def open_first_attempts(self) -> None:
+        """Tell the router which worker each choice goes to; called with no `await`
+        since ranking, so concurrent requests see each other's load."""
+        for choice in self.choices:
+            self._open(choice)
+
+    async def deltas(self) -> AsyncGenerator[tuple[int, Delta], None]:
+        """All choices' deltas, tagged with the choice index; closes the dispatch at the end.
+
+        A failure before a choice's first delta moves it to its next-ranked target when
+        the error is retryable; after that, errors arrive as a final Delta(finish_reason="error")."""
+        try:
+            t0 = time.monotonic()
+            await self.ticket.wait()
+            gauge_admission(self.metrics, self.model)
+            self.metrics.queue_time.labels(self.model.name).observe(time.monotonic() - t0)
+            async with aclosing(merge([self._run(c) for c in self.choices])) as merged:
+                async for item in merged:
+                    yield item
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        """Finish every attempt still open (the client left before it ran) and free the ticket."""
+        for choice in self.choices:
+            self._finish(choice, None, fault=False)
+        if not self._closed:
+            self._closed = True
+            self.ticket.release()
+            gauge_admission(self.metrics, self.model)
+
+    # -- one choice ------------------------------------------------------------
+    async def _run(self, choice: _Choice) -> AsyncGenerator[Delta, None]:
+        t0 = time.monotonic()
+        try:
+            while True:
+                started = False
+                try:
+                    async with aclosing(self._attempt(choice, t0)) as stream:
+                        async for delta in stream:
+                            started = True
+                            yield delta
+                    return
+                except SluiceError as e:
+                    if started or not e.retryable or choice.current + 1 >= len(choice.targets):
+                        raise
+                    self.metrics.retries.labels(self.model.name).inc()
+                    choice.current += 1
+                    self._open(choice)
+        finally:
+            self.metrics.e2e.labels(self.model.name).observe(time.monotonic() - t0)
+
+    async def _attempt(self, choice: _Choice, t0: float) -> AsyncGenerator[Delta, None]:
+        target = choice.targets[choice.current]
+        clock = StreamClock(self.metrics, self.model.name, t0)
+        # Only worker faults count against a worker (circuit breaker): not a client
+        # that went away, nor a request the engine rightly refused.
+        fault = False
+        try:
+            async with aclosing(target.engine.generate(choice.request)) as stream:
+                async for delta in stream:
+                    if clock.tick(delta) and target.on_first_token is not None:
+                        target.on_first_token()
+                    if delta.finish_reason is not None:
+                        fault = delta.finish_reason == "error"
+                        account_finished(self.metrics, self.model.name, choice.request, delta)
+                    yield delta
+        except SluiceError as e:
+            fault = e.worker_fault
+            raise
+        finally:
+            self._finish(choice, clock.reported_cached, fault)
+
+    def _open(self, choice: _Choice) -> None:
+        choice.open = True
+        hook = choice.targets[choice.current].on_dispatch
+        if hook is not None:
+            hook()
+
+    def _finish(self, choice: _Choice, cached_tokens: int | None, fault: bool) -> None:
+        if not choice.open:
+            return
+        choice.open = False
+        hook = choice.targets[choice.current].on_finish
+        if hook is not None:
+            hook(cached_tokens, fault)
+
+
+def start_dispatch(metrics: LLMMetrics, model: LLMModel, requests: list[EngineRequest],
+                   ranked: list[list[Target]], ticket: Ticket, request_id: str) -> Dispatch:
+    d = Dispatch(metrics, model, [_Choice(r, t) for r, t in zip(requests, ranked, strict=True)], ticket,
+                 request_id)
+    d.open_first_attempts()
+    gauge_admission(metrics, model)
+    return d

@@ -1,0 +1,65 @@
+"""The LLMs this gateway serves, by the id clients use."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from engines.errors import ErrorKind, SluiceError
+from engines.tokenizer import ChatTokenizer
+from gateway.llm.admission import Admission, AdmissionConfig
+from gateway.llm.targets import Backend
+
+
+def model_not_found(name: str) -> SluiceError:
+    return SluiceError(f"The model `{name}` does not exist.", ErrorKind.NOT_FOUND, code="model_not_found",
+                       param="model")
+
+
+@dataclass(slots=True)
+class LLMModel:
+    name: str
+    tokenizer: ChatTokenizer
+    context_length: int
+    backend: Backend
+    admission: Admission
+    owned_by: str = "sluice"
+    root: str | None = None  # local weights directory, reported like vLLM's `root`
+    created: int = field(default_factory=lambda: int(time.time()))
+
+
+class ModelRegistry:
+    """Models by id, plus the ids still loading (so a client gets 503, not 404)."""
+
+    def __init__(self, admission: AdmissionConfig) -> None:
+        self.admission = admission
+        self.models: dict[str, LLMModel] = {}
+        self.pending: set[str] = set()
+
+    def add(self, name: str, tokenizer: ChatTokenizer, context_length: int, backend: Backend) -> LLMModel:
+        model = LLMModel(name, tokenizer, context_length, backend, Admission(self.admission))
+        self.models[name] = model
+        self.pending.discard(name)
+        return model
+
+    def remove(self, name: str) -> None:
+        self.models.pop(name, None)
+
+    def has(self, name: str) -> bool:
+        return name in self.models
+
+    def names(self) -> list[str]:
+        return sorted(self.models)
+
+    def get(self, name: str) -> LLMModel:
+        """The model, or a domain error: MODEL_LOADING while it loads, NOT_FOUND otherwise."""
+        model = self.models.get(name)
+        if model is not None:
+            return model
+        if name in self.pending:
+            raise SluiceError(f"The model `{name}` is still loading.", ErrorKind.MODEL_LOADING, param="model",
+                              retry_after_s=5.0)
+        raise model_not_found(name)
+
+    def ready(self) -> bool:
+        return all(m.backend.ready() for m in self.models.values())

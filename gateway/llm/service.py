@@ -1,0 +1,77 @@
+"""The LLM layer's entry point: a protocol-neutral call in, a started `Dispatch` out.
+
+Protocol edges (OpenAI routes, KServe generate over HTTP and gRPC) validate and
+tokenize, build a `GenerateCall`, and call `LLMService.dispatch`. It knows no
+protocol and raises only domain errors (`engines.errors.SluiceError`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from engines.base import EngineRequest, EngineStats
+from gateway.llm.admission import AdmissionConfig
+from gateway.llm.dispatch import Dispatch, start_dispatch
+from gateway.llm.params import GenerationParams, sampling_for
+from gateway.llm.registry import LLMModel, ModelRegistry
+from gateway.llm.targets import RouteHints
+from gateway.metrics import LLMMetrics
+
+
+@dataclass(frozen=True, slots=True)
+class Prompt:
+    token_ids: list[int]
+    text: str | None = None  # what the client sent, when it sent text (echo)
+
+
+@dataclass(frozen=True, slots=True)
+class GenerateCall:
+    """One API request in the LLM layer's terms: prompts × params.n engine requests."""
+
+    model: LLMModel
+    prompts: list[Prompt]
+    params: GenerationParams
+    request_id: str
+    kind: Literal["chat", "completion"] = "completion"
+    # The client's chat body, forwarded to remote workers so their own tool and
+    # reasoning parsers apply; the validated sampling parameters are laid over it.
+    chat_body: dict[str, Any] | None = None
+    cache_salt: str | None = None
+    hints: RouteHints = field(default_factory=RouteHints)
+
+
+class LLMService:
+    def __init__(self, metrics: LLMMetrics, admission: AdmissionConfig | None = None) -> None:
+        self.metrics = metrics
+        self.registry = ModelRegistry(admission or AdmissionConfig())
+
+    def get(self, name: str) -> LLMModel:
+        return self.registry.get(name)
+
+    def dispatch(self, call: GenerateCall) -> Dispatch:
+        """Validate, rank, admit, and tell the router at once which worker each engine
+        request goes to. The router's contract is no `await` between rank and dispatch:
+        concurrent requests must see each other's load and speculative cache entries.
+        The caller must consume `Dispatch.deltas()` or call `Dispatch.close()`."""
+        requests = self._engine_requests(call)
+        ranked = [call.model.backend.rank(r, call.hints) for r in requests]
+        ticket = call.model.admission.try_admit()
+        return start_dispatch(self.metrics, call.model, requests, ranked, ticket, call.request_id)
+
+    def ready(self) -> bool:
+        return self.registry.ready()
+
+    def engine_stats(self) -> list[tuple[str, EngineStats]]:
+        return [(m.name, e.stats()) for m in self.registry.models.values() for _, e in m.backend.engines()]
+
+    def _engine_requests(self, call: GenerateCall) -> list[EngineRequest]:
+        out = []
+        for p, prompt in enumerate(call.prompts):
+            for i in range(call.params.n):
+                sampling = sampling_for(call.model, call.params, len(prompt.token_ids), seed_offset=i)
+                rid = f"{call.request_id}-{p}-{i}"
+                out.append(EngineRequest(rid, call.model.name, prompt.token_ids, sampling, kind=call.kind,
+                                         chat_body=call.chat_body, prompt_text=prompt.text,
+                                         cache_salt=call.cache_salt))
+        return out

@@ -1,0 +1,62 @@
+"""Where a request can run: targets ranked by a backend (one local engine, or routed workers)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from engines.base import EngineRequest, LLMEngine
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """One engine a request may be sent to, with the router's bookkeeping hooks.
+
+    A target is plain data: `Dispatch` decides when it starts and finishes and
+    calls each hook exactly once per attempt (dispatch, first token, finish)."""
+
+    name: str  # stable worker name, returned in X-Sluice-Worker
+    engine: LLMEngine
+    predicted_cached_tokens: int | None = None
+    reason: str | None = None  # the router's decision reason, e.g. prefix_hit or load
+    on_dispatch: Callable[[], None] | None = None
+    on_first_token: Callable[[], None] | None = None
+    on_finish: Callable[[int | None, bool], None] | None = None  # (reported cached tokens, worker fault)
+
+
+@dataclass(frozen=True, slots=True)
+class RouteHints:
+    policy: str | None = None  # X-Routing-Policy
+    session_key: str | None = None  # the router's session header (X-Session-Id by default)
+
+
+class Backend(Protocol):
+    """Ranks the engines for a request, best first.
+
+    `rank` must not block or await: the caller dispatches to the first target
+    before any other request is ranked. It raises `SluiceError` (NO_WORKER,
+    INVALID_ARG for an unknown policy) instead of returning an empty list."""
+
+    def rank(self, request: EngineRequest, hints: RouteHints) -> list[Target]: ...
+
+    def engines(self) -> Sequence[tuple[str, LLMEngine]]: ...
+
+    def ready(self) -> bool: ...
+
+
+class LocalBackend:
+    """A single in-process engine."""
+
+    def __init__(self, name: str, engine: LLMEngine) -> None:
+        self._target = Target(name, engine)
+        self.engine = engine
+
+    def rank(self, request: EngineRequest, hints: RouteHints) -> list[Target]:
+        return [self._target]
+
+    def engines(self) -> Sequence[tuple[str, LLMEngine]]:
+        return [(self._target.name, self.engine)]
+
+    def ready(self) -> bool:
+        return self.engine.ready()

@@ -1,0 +1,127 @@
+"""Start-up and shutdown, in one place.
+
+The HTTP server listens first; models load in a background task, so `/health`
+answers 503 until every model can serve. Order: the router's drivers and gRPC,
+then the classic repository (it scans `config.pbtxt` once, LLM configs included),
+then static workers or in-process LLMs, then the embeddings bridge, then — in
+worker mode — self-registration with a gateway.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import yaml
+
+from engines.classic.repository import model_dirs
+from engines.errors import SluiceError
+from engines.launchers.registration import WorkerRecord, deregister, register
+from gateway.llm.local import LLMSpec, specs_from_configs, start_local_llm, stop_local_engines
+from gateway.llm.workers import discover_kv_events, parse_worker_arg
+from gateway.openai.embeddings import EmbeddingBridge
+from gateway.state import AppState
+
+log = logging.getLogger("sluice.startup")
+_STATIC_WORKER_DEADLINE_S = 900.0  # workers listed at start may still be loading their engine
+
+
+@asynccontextmanager
+async def lifespan(state: AppState, llm_specs: list[LLMSpec] | None) -> AsyncIterator[None]:
+    """`llm_specs` overrides the LLMs of the repository (worker mode)."""
+    grpc_server = await _start_grpc(state)
+    await state.router.start()
+    task = asyncio.create_task(bootstrap(state, llm_specs), name="sluice-bootstrap")
+    try:
+        yield
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        s = state.settings
+        if s.register_with and state.ready:
+            await asyncio.to_thread(deregister, s.register_with, s.worker_name or "")
+        await state.workers.stop()
+        await state.router.stop()
+        if grpc_server is not None:
+            await grpc_server.stop(grace=2)
+        if state.classic is not None:
+            await state.classic.stop()
+        await stop_local_engines(state.llm.registry)
+
+
+async def bootstrap(state: AppState, llm_specs: list[LLMSpec] | None) -> None:
+    """Load every model; `state.ready` turns true only when all are ready."""
+    s = state.settings
+    registry = state.llm.registry
+    try:
+        if state.classic is not None:
+            # Until the repository is parsed, any of its names may be an LLM still loading.
+            registry.pending.update(model_dirs(state.classic.repo_dir))
+            await state.classic.start()
+            registry.pending.clear()
+        if s.has_static_workers:
+            await _add_static_workers(state)  # workers serve the LLMs; none run in-process too
+        elif llm_specs is None and state.classic is not None:
+            llm_specs = await asyncio.to_thread(specs_from_configs, state.classic.llm_model_configs(),
+                                                state.classic.repo_dir, s.served_llms)
+        registry.pending.update(spec.name for spec in llm_specs or [])
+        for spec in llm_specs or []:
+            await start_local_llm(registry, spec, s.engine_max_batch_size)
+        if state.classic is not None:
+            state.embeddings = await asyncio.to_thread(EmbeddingBridge.discover, state.classic)
+        state.ready = True
+        if s.register_with:
+            await _register_self(state)
+        log.info("ready: %d LLM(s), classic repository %s", len(registry.models),
+                 "on" if state.classic is not None else "off")
+    except asyncio.CancelledError:
+        raise
+    except Exception as e:
+        registry.pending.clear()
+        state.startup_error = f"startup failed: {e}"
+        log.exception("startup failed")
+
+
+async def _start_grpc(state: AppState) -> Any:
+    s = state.settings
+    if state.classic is None or not s.grpc_port:
+        return None
+    from gateway.kserve.grpc import start_grpc_server
+
+    return await start_grpc_server(state.classic, state.llm, s.host, s.grpc_port)
+
+
+async def _add_static_workers(state: AppState) -> None:
+    """Register --worker / --workers-file entries, waiting for workers that are still starting."""
+    s = state.settings
+    records = [parse_worker_arg(w, i) for i, w in enumerate(s.workers)]
+    if s.workers_file is not None:
+        data = yaml.safe_load(s.workers_file.read_text()) or []
+        items = data.get("workers", []) if isinstance(data, dict) else data
+        records += [WorkerRecord.model_validate(item) for item in items]
+    loop = asyncio.get_running_loop()
+    end = loop.time() + _STATIC_WORKER_DEADLINE_S
+    for record in records:
+        while True:
+            try:
+                await state.workers.add(await discover_kv_events(record))
+                break
+            except SluiceError as e:
+                if loop.time() > end:
+                    raise
+                log.info("waiting for worker %s: %s", record.name, e.message)
+                await asyncio.sleep(1.0)
+
+
+async def _register_self(state: AppState) -> None:
+    """Worker mode: announce this server's models to a gateway."""
+    s = state.settings
+    assert s.register_with is not None
+    host = "127.0.0.1" if s.host in ("0.0.0.0", "::") else s.host
+    record = WorkerRecord(name=s.worker_name or f"transformers-{s.http_port}",
+                          url=s.advertise_url or f"http://{host}:{s.http_port}",
+                          models=tuple(state.llm.registry.names()), engine="transformers")
+    await asyncio.to_thread(register, s.register_with, record)
