@@ -46,9 +46,9 @@ async def test_trtllm_poller_applies_events_and_resets_on_gap():
     gaps: list[bool] = []
     async with httpx.AsyncClient(transport=httpx.MockTransport(srv)) as client:
         p = TrtllmEventPoller("t", "http://127.0.0.1:1", client, interval_s=1, timeout_s=1,
-                              on_items=lambda items: r.apply_kv_events(
+                              on_items=lambda items: r.feed.apply_kv_events(
                                   "t", [e for _, e in items if e is not None and not isinstance(e, int)]),
-                              on_reset=lambda: r.reset_kv_state("t"), on_gap=gaps.append)
+                              on_reset=lambda: r.feed.reset_kv_state("t"), on_gap=gaps.append)
         srv.queue = [{"event_id": 0, "data": {"type": "created", "num_blocks_per_cache_level": [64, 0]}},
                      stored(1, [501, 502], None, TOKENS)]
         assert await p.poll_once() == 2

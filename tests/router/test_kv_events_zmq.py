@@ -100,12 +100,12 @@ async def test_batches_in_both_encodings_reach_the_index(publisher_binds):
     if publisher_binds:
         pub = FakeVllmPublisher(ctx, "tcp://127.0.0.1:*", bind=True)
         sub = ZmqEventSubscriber("w", pub.endpoint, bind=False, topic="kv", ctx=ctx,
-                                 on_batch=lambda b: r.apply_kv_batch("w", b),
-                                 on_reset=lambda: r.reset_kv_state("w"))
+                                 on_batch=lambda b: r.feed.apply_kv_batch("w", b),
+                                 on_reset=lambda: r.feed.reset_kv_state("w"))
     else:  # vLLM with a concrete host connects, so the subscriber binds
         sub = ZmqEventSubscriber("w", "tcp://127.0.0.1:*", bind=True, topic="kv", ctx=ctx,
-                                 on_batch=lambda b: r.apply_kv_batch("w", b),
-                                 on_reset=lambda: r.reset_kv_state("w"))
+                                 on_batch=lambda b: r.feed.apply_kv_batch("w", b),
+                                 on_reset=lambda: r.feed.reset_kv_state("w"))
         pub = FakeVllmPublisher(ctx, sub.endpoint, bind=False)
     task = asyncio.create_task(sub.run())
     try:
@@ -133,8 +133,8 @@ async def test_gap_is_filled_by_replay_and_unfillable_gap_resets():
     pub = FakeVllmPublisher(ctx, "tcp://127.0.0.1:*", bind=True)
     sub = ZmqEventSubscriber("w", pub.endpoint, bind=False, topic="kv", ctx=ctx,
                              replay_endpoint=pub.replay_endpoint, on_gap=gaps.append,
-                             on_batch=lambda b: r.apply_kv_batch("w", b),
-                             on_reset=lambda: r.reset_kv_state("w"))
+                             on_batch=lambda b: r.feed.apply_kv_batch("w", b),
+                             on_reset=lambda: r.feed.reset_kv_state("w"))
     task = asyncio.create_task(sub.run())
     try:
         await pub.wait_subscribed()

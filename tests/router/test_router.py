@@ -157,14 +157,14 @@ def test_speculative_entries_expire():
 def test_events_make_entries_exact_and_removals_apply():
     r, reg, clock = make(speculative_ttl_s=10, events=True)
     ev = g.stored([b"h1", b"h2", b"h3"], None, SYSTEM, 4)
-    r.apply_kv_batch("w1", decode_vllm_batch(g.batch([ev])))
+    r.feed.apply_kv_batch("w1", decode_vllm_batch(g.batch([ev])))
     clock.t += 1e6  # exact entries do not expire
     rk = r.rank("m", SYSTEM + [1])
     assert rk.best.worker == "w1" and rk.best.predicted_cached_tokens == 12
-    r.apply_kv_batch("w1", decode_vllm_batch(g.batch([g.removed([b"h2"])])))
+    r.feed.apply_kv_batch("w1", decode_vllm_batch(g.batch([g.removed([b"h2"])])))
     assert r.rank("m", SYSTEM + [1]).candidate("w1").predicted_cached_tokens == 4
     assert sample(reg, "sluice_router_kv_events_total", {"worker": "w1"}) == 2
-    r.reset_kv_state("w1")
+    r.feed.reset_kv_state("w1")
     assert r.rank("m", SYSTEM + [1]).candidate("w1").predicted_cached_tokens == 0
 
 
@@ -172,7 +172,7 @@ def test_block_size_and_capacity_learned_from_metrics():
     r = Router(RouterConfig(approx_capacity_blocks=100), clock=Clock())
     r.add_worker(WorkerInfo("w", "http://127.0.0.1:1", ("m",)))
     assert r.workers()[0].block_size == 128
-    r.apply_scrape("w", ScrapedMetrics(block_size=16, num_gpu_blocks=2))
+    r.feed.apply_scrape("w", ScrapedMetrics(block_size=16, num_gpu_blocks=2))
     assert r.workers()[0].block_size == 16
     rk = r.rank("m", list(range(64)))
     r.on_dispatch("a", rk, "w")
@@ -184,7 +184,7 @@ def test_policy_per_request_and_gauges():
     seen = {r.rank("m", SYSTEM).best.worker for _ in range(4)}
     assert seen == {"w0", "w1"}
     assert r.rank("m", SYSTEM, policy="session", session_key="s").best.reason == "session"
-    r.refresh_metrics()
+    r.feed.maintain()
     assert sample(reg, "sluice_router_worker_healthy", {"worker": "w0"}) == 1
     r.remove_worker("w0")
     assert sample(reg, "sluice_router_worker_healthy", {"worker": "w0"}) is None
