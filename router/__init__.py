@@ -10,16 +10,16 @@ Starlette or gRPC.
 from __future__ import annotations
 
 from router.config import (
-                           COST_WEIGHT_NAMES,
-                           DEFAULT_POLICY,
-                           POLICIES,
-                           REDIS_URL_SCHEMES,
-                           CostWeights,
-                           PolicyName,
-                           RedisStateConfig,
-                           RouterConfig,
-                           WorkerInfo,
-                           validate_redis_url,
+    COST_WEIGHT_NAMES,
+    DEFAULT_POLICY,
+    POLICIES,
+    REDIS_URL_SCHEMES,
+    CostWeights,
+    PolicyName,
+    RedisStateConfig,
+    RouterConfig,
+    WorkerInfo,
+    validate_redis_url,
 )
 from router.health import BreakerState
 from router.policies import Candidate
