@@ -44,8 +44,8 @@ class WorkerInfo:
     name: str
     url: str  # base URL of the worker's HTTP server, e.g. http://127.0.0.1:8100
     models: tuple[str, ...]
-    # Tokens per KV block. None: learn it from /metrics (vLLM's cache_config_info),
-    # using `default_block_size` from RouterConfig until it is known.
+    # Tokens per KV block. None: learn it from /metrics (vLLM's cache_config_info)
+    # or from KV events, using `default_block_size` from RouterConfig until then.
     block_size: int | None = None
     engine: str = "vllm"
     # vLLM ZMQ PUB address as the router must reach it. If `kv_events_bind` is
