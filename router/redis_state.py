@@ -281,3 +281,7 @@ def _apply(sink: ReplicaSink, op: Any) -> None:
         sink.apply_remote_remove(worker, hashes)
     elif kind == _CLEAR:
         sink.apply_remote_clear(worker, bool(arg))
+
+
+# RedisStateConfig is defined in router.config; it is re-exported so that a backend and its config import together.
+__all__ = ["RedisSharedState", "RedisStateConfig"]
