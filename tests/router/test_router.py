@@ -188,3 +188,20 @@ def test_policy_per_request_and_gauges():
     assert sample(reg, "sluice_router_worker_healthy", {"worker": "w0"}) == 1
     r.remove_worker("w0")
     assert sample(reg, "sluice_router_worker_healthy", {"worker": "w0"}) is None
+
+
+def test_feed_counts_gaps_and_ignores_unknown_workers():
+    r, reg, _ = make(events=True)
+    r.feed.record_kv_gap("w0", True)
+    r.feed.record_kv_gap("w0", False)
+    assert sample(reg, "sluice_router_kv_event_gaps_total", {"worker": "w0"}) == 2
+    assert sample(reg, "sluice_router_kv_event_replays_total", {"worker": "w0"}) == 1
+    # A report racing a removal must not bring the removed worker's series back.
+    r.remove_worker("w1")
+    r.feed.apply_kv_batch("w1", decode_vllm_batch(g.batch([g.stored([b"h1"], None, SYSTEM[:4], 4)])))
+    r.feed.record_kv_gap("w1", True)
+    r.feed.apply_scrape("w1", ScrapedMetrics(running=1))
+    r.feed.record_health_check("w1", False)
+    assert sample(reg, "sluice_router_kv_event_lag_seconds", {"worker": "w1"}) is None
+    assert sample(reg, "sluice_router_kv_event_gaps_total", {"worker": "w1"}) is None
+    assert [s.name for s in r.workers()] == ["w0"]
