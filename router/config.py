@@ -1,17 +1,36 @@
-"""Router configuration and worker descriptions.
+"""Router configuration, worker descriptions, and the names other layers choose from.
 
-Both are frozen dataclasses that validate themselves and raise ``ValueError``
-with a message an operator can act on. Nothing here does I/O.
+The dataclasses are frozen, validate themselves, and raise ``ValueError`` with
+a message an operator can act on. Nothing here does I/O.
+
+This module is the one home of the routing policy names (:data:`POLICIES`, :data:`DEFAULT_POLICY`),
+the cost-weight names (:data:`COST_WEIGHT_NAMES`) and the Redis URL schemes
+(:data:`REDIS_URL_SCHEMES`, :func:`validate_redis_url`): the gateway's CLI and
+settings import them instead of repeating the literals.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Literal
+import uuid
+from dataclasses import dataclass, field, fields
+from typing import Literal, get_args
 
 PolicyName = Literal["prefix", "least_load", "round_robin", "session"]
-POLICIES: tuple[str, ...] = ("prefix", "least_load", "round_robin", "session")
-EngineKind = Literal["vllm", "trtllm", "transformers", "sim"]
+POLICIES: tuple[str, ...] = get_args(PolicyName)
+DEFAULT_POLICY: PolicyName = "prefix"
+REDIS_URL_SCHEMES: tuple[str, ...] = ("redis://", "rediss://", "unix://")
+# RFC 9110 token characters, lower case only: header names compare case-insensitively,
+# and one spelling keeps a configured name and the one the gateway looks up equal.
+_HEADER_CHARS = frozenset("!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyz")
+
+
+def validate_redis_url(url: str) -> str:
+    """Return `url` unchanged if its scheme is one the Redis client accepts; ValueError otherwise."""
+    scheme = next((s for s in REDIS_URL_SCHEMES if url.startswith(s)), None)
+    if scheme is None or len(url) == len(scheme):
+        raise ValueError(f"redis url must start with {', '.join(REDIS_URL_SCHEMES)} and name a server, "
+                         f"got {url!r}")
+    return url
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,8 +44,8 @@ class WorkerInfo:
     name: str
     url: str  # base URL of the worker's HTTP server, e.g. http://127.0.0.1:8100
     models: tuple[str, ...]
-    # Tokens per KV block. None: learn it from /metrics (vLLM's cache_config_info),
-    # using `default_block_size` from RouterConfig until it is known.
+    # Tokens per KV block. None: learn it from /metrics (vLLM's cache_config_info)
+    # or from KV events, using `default_block_size` from RouterConfig until then.
     block_size: int | None = None
     engine: str = "vllm"
     # vLLM ZMQ PUB address as the router must reach it. If `kv_events_bind` is
@@ -83,16 +102,19 @@ class CostWeights:
     kv_usage: float = 512.0
 
     def __post_init__(self) -> None:
-        for name in ("prefill", "queued_prefill", "request", "kv_usage"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"cost weight {name} must be >= 0")
+        for f in fields(self):
+            if getattr(self, f.name) < 0:
+                raise ValueError(f"cost weight {f.name} must be >= 0")
+
+
+COST_WEIGHT_NAMES: tuple[str, ...] = tuple(f.name for f in fields(CostWeights))
 
 
 @dataclass(frozen=True, slots=True)
 class RouterConfig:
     """Everything the router needs to decide; one per gateway."""
 
-    policy: str = "prefix"
+    policy: str = DEFAULT_POLICY
     weights: CostWeights = field(default_factory=CostWeights)
     default_block_size: int = 128  # vLLM on CPU; GPU vLLM uses 16
     # Index bounds: each worker keeps at most this many blocks (LRU beyond it).
@@ -120,6 +142,7 @@ class RouterConfig:
     replay_timeout_s: float = 2.0
     # Closed loop: accuracy is computed over the last N finished requests.
     accuracy_window: int = 1000
+    # The request header whose value is the `session` policy's key; lower case.
     session_header: str = "x-session-id"
 
     def __post_init__(self) -> None:
@@ -142,3 +165,40 @@ class RouterConfig:
             raise ValueError("breaker_failures and unhealthy_after_failures must be >= 1")
         if self.accuracy_window < 1:
             raise ValueError("accuracy_window must be >= 1")
+        if not self.session_header or not set(self.session_header) <= _HEADER_CHARS:
+            raise ValueError(f"session_header must be a lower-case HTTP header name such as 'x-session-id', "
+                             f"got {self.session_header!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class RedisStateConfig:
+    """Routing state shared between gateway replicas through Redis (`router.redis_state`)."""
+
+    url: str = "redis://127.0.0.1:6379/0"
+    prefix: str = "sluice:router"
+    replica_id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
+    flush_interval_s: float = 0.02
+    load_interval_s: float = 1.0
+    load_ttl_s: float = 5.0  # a replica silent this long no longer counts toward load
+    reconnect_min_s: float = 0.1
+    reconnect_max_s: float = 5.0
+    socket_timeout_s: float = 3.0
+    read_block_ms: int = 500
+    max_outbox: int = 100_000
+    stream_maxlen: int = 200_000
+    max_blocks_per_worker: int = 262_144
+
+    def __post_init__(self) -> None:
+        validate_redis_url(self.url)
+        if not self.prefix or not self.replica_id:
+            raise ValueError("prefix and replica_id must be non-empty")
+        for name in ("flush_interval_s", "load_interval_s", "load_ttl_s", "reconnect_min_s",
+                     "socket_timeout_s"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be > 0")
+        if self.reconnect_max_s < self.reconnect_min_s:
+            raise ValueError("reconnect_max_s must be >= reconnect_min_s")
+        if self.read_block_ms * 2 > self.socket_timeout_s * 1000:
+            raise ValueError("socket_timeout_s must exceed twice read_block_ms, or reads time out")
+        if min(self.max_outbox, self.stream_maxlen, self.max_blocks_per_worker) < 1:
+            raise ValueError("max_outbox, stream_maxlen and max_blocks_per_worker must be >= 1")

@@ -1,6 +1,7 @@
-"""KV-cache events: decoding (vLLM msgpack, TRT-LLM JSON) and applying them to the index.
+"""KV-cache events: what they are and how they are decoded (vLLM msgpack, TRT-LLM JSON).
 
-Pure: no sockets, no clocks. `router.kv_events` owns the I/O.
+Pure: no sockets, no clocks. `router.kv_events` owns the I/O and
+`router.applier` turns decoded events into index entries.
 
 vLLM publishes msgspec-encoded ``EventBatch(ts, events, data_parallel_rank)``
 whose events are tagged structs ``BlockStored``, ``BlockRemoved`` and
@@ -9,32 +10,25 @@ may be a msgpack *array* (fields in declaration order, the tag first for
 events, trailing defaults omitted) or a *map* (``{"type": tag, field: ...}``).
 Block hashes are ints or bytes. Both are accepted here.
 
-Engine block hashes are not the router's (vLLM: sha256 over pickled tuples;
-TRT-LLM: its own). A stored event carries the blocks' token ids and the parent
-engine hash, so :class:`EventApplier` recomputes the router's chain and keeps an
-engine-hash -> router-hash map per worker; that map is what lets a later
-``BlockRemoved`` (which carries engine hashes only) find its entries.
+Engine block hashes are not the router's, so a stored event is kept with
+its token ids and parent engine hash: that is what lets the applier rebuild the
+router's own chain.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Union
+from typing import Any
 
 import msgpack
 
-from router.hashing import chain_hash, root_hash
-from router.index import EXACT, PrefixIndex
-
-EngineHash = Union[int, bytes]
+EngineHash = int | bytes
 
 # Field order of vLLM's msgspec structs, for the array encoding.
 _STORED_FIELDS = ("block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id",
                   "medium", "lora_name", "extra_keys", "group_idx")
 _REMOVED_FIELDS = ("block_hashes", "medium", "group_idx")
-_PRIMARY_MEDIA = (None, "GPU")
 
 
 class EventDecodeError(ValueError):
@@ -65,7 +59,7 @@ class AllBlocksCleared:
     pass
 
 
-KVEvent = Union[BlockStored, BlockRemoved, AllBlocksCleared]
+KVEvent = BlockStored | BlockRemoved | AllBlocksCleared
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,14 +75,14 @@ def _hash(v: Any) -> EngineHash:
     return v
 
 
-def _fields(raw: Any, names: Sequence[str], tag: str) -> dict[str, Any]:
+def _fields(raw: Any, names: Sequence[str]) -> dict[str, Any]:
     if isinstance(raw, dict):
         return {k: raw.get(k) for k in names}
     # Array form: [tag, f0, f1, ...] with trailing defaults omitted; fields a
     # newer vLLM appends beyond the ones we know are ignored.
     values = list(raw[1 : len(names) + 1])
     values += [None] * (len(names) - len(values))
-    return dict(zip(names, values))
+    return dict(zip(names, values, strict=True))
 
 
 def decode_event(raw: Any) -> KVEvent | None:
@@ -100,7 +94,7 @@ def decode_event(raw: Any) -> KVEvent | None:
     else:
         raise EventDecodeError(f"event must be a map or a tagged array, got {type(raw).__name__}")
     if tag == "BlockStored":
-        f = _fields(raw, _STORED_FIELDS, tag)
+        f = _fields(raw, _STORED_FIELDS)
         extra = f["extra_keys"]
         return BlockStored(
             block_hashes=tuple(_hash(h) for h in f["block_hashes"] or ()),
@@ -113,7 +107,7 @@ def decode_event(raw: Any) -> KVEvent | None:
             group_idx=f["group_idx"],
         )
     if tag == "BlockRemoved":
-        f = _fields(raw, _REMOVED_FIELDS, tag)
+        f = _fields(raw, _REMOVED_FIELDS)
         return BlockRemoved(tuple(_hash(h) for h in f["block_hashes"] or ()), f["medium"], f["group_idx"])
     if tag == "AllBlocksCleared":
         return AllBlocksCleared()
@@ -190,112 +184,3 @@ def _trtllm_stored(data: dict[str, Any]) -> BlockStored | None:
         return None
     return BlockStored(tuple(hashes), None if parent is None else _hash(parent), tuple(tokens), size,
                        medium="GPU" if level == 0 else "CPU")
-
-
-@dataclass(slots=True)
-class ApplyStats:
-    stored_blocks: int = 0
-    removed_blocks: int = 0
-    clears: int = 0
-    unresolved_blocks: int = 0  # parent unknown (missed events) or not representable
-    ignored_events: int = 0  # other media, other KV groups
-
-
-class EventApplier:
-    """Applies one worker's events to the index. Not thread-safe; one per worker.
-
-    `models` are the model ids the worker serves: a stored block is indexed
-    under each one's salted chain (workers almost always serve one name).
-    """
-
-    def __init__(self, worker: str, models: Sequence[str], index: PrefixIndex,
-                 max_mapped_blocks: int) -> None:
-        self.worker = worker
-        self.models = tuple(models)
-        self._index = index
-        self._max = max_mapped_blocks
-        self._map: OrderedDict[EngineHash, tuple[int, ...]] = OrderedDict()
-        self.stats = ApplyStats()
-        self.observed_block_size: int | None = None
-
-    def reset(self) -> None:
-        """Forget the hash map and the worker's exact entries (engine restart, event gap)."""
-        self._map.clear()
-        self._index.clear(self.worker, exact_only=True)
-
-    def apply(self, event: KVEvent) -> list[int]:
-        """Apply one event; returns router hashes newly marked exact (for sharing)."""
-        if isinstance(event, AllBlocksCleared):
-            self._map.clear()
-            self._index.clear(self.worker)
-            self.stats.clears += 1
-            return []
-        if event.medium not in _PRIMARY_MEDIA or event.group_idx not in (None, 0):
-            self.stats.ignored_events += 1
-            return []
-        if isinstance(event, BlockRemoved):
-            for h in event.block_hashes:
-                mine = self._map.pop(h, None)
-                if mine is not None:
-                    self.stats.removed_blocks += self._index.remove(self.worker, mine)
-            return []
-        return self._stored(event)
-
-    def removed_router_hashes(self, event: BlockRemoved) -> list[int]:
-        """Router hashes a removal will drop (call before `apply`, for sharing)."""
-        return [r for h in event.block_hashes for r in self._map.get(h, ())]
-
-    def _stored(self, ev: BlockStored) -> list[int]:
-        n = len(ev.block_hashes)
-        if n == 0 or len(ev.token_ids) < n or len(ev.token_ids) % n:
-            self.stats.unresolved_blocks += n
-            return []
-        size = len(ev.token_ids) // n
-        self.observed_block_size = size
-        if ev.parent_block_hash is None:
-            salt = self._root_salt(ev)
-            if salt is False:
-                self.stats.unresolved_blocks += n
-                return []
-            chain = tuple(root_hash(m, ev.lora_name, salt or None) for m in self.models)
-        else:
-            parent = self._map.get(ev.parent_block_hash)
-            if parent is None:
-                self.stats.unresolved_blocks += n
-                return []
-            chain = parent
-        stored: list[int] = []
-        for i, eh in enumerate(ev.block_hashes):
-            if i > 0 and not self._plain_block(ev, i):
-                self.stats.unresolved_blocks += n - i
-                break
-            toks = ev.token_ids[i * size : (i + 1) * size]
-            chain = tuple(chain_hash(p, toks) for p in chain)
-            self._map[eh] = chain
-            self._map.move_to_end(eh)
-            stored.extend(chain)
-        while len(self._map) > self._max:
-            self._map.popitem(last=False)
-        self._index.store(self.worker, stored, expires_at=EXACT)
-        self.stats.stored_blocks += len(stored)
-        return stored
-
-    def _extra(self, ev: BlockStored, i: int) -> list[Any]:
-        keys = list((ev.extra_keys[i] if ev.extra_keys and i < len(ev.extra_keys) else None) or ())
-        if ev.lora_name is not None and ev.lora_name in keys:
-            keys.remove(ev.lora_name)
-        return keys
-
-    def _plain_block(self, ev: BlockStored, i: int) -> bool:
-        # Beyond the root, only the LoRA name may appear; anything else is
-        # multimodal or prompt-embedding content that token ids cannot express.
-        return not self._extra(ev, i)
-
-    def _root_salt(self, ev: BlockStored) -> str | bool:
-        """The cache_salt of a root block, '' for none, False if not representable."""
-        keys = self._extra(ev, 0)
-        if not keys:
-            return ""
-        if len(keys) == 1 and isinstance(keys[0], str):
-            return keys[0]
-        return False

@@ -9,7 +9,7 @@ share keys here either.
 Only full blocks are hashed: engines cache full blocks only. The token ids must
 be the exact ids the engine will see (chat template rendered with the model's
 own tokenizer). These hashes are the router's own; they are not the engine's
-(vLLM hashes with sha256 over pickled tuples). `router.events` maps engine
+(vLLM hashes with sha256 over pickled tuples). `router.applier` maps engine
 hashes onto these.
 
 Pure functions, no state; safe from any thread.

@@ -22,6 +22,7 @@ from __future__ import annotations
 import math
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator, Mapping, Sequence
+from itertools import islice
 
 EXACT = math.inf
 
@@ -54,12 +55,6 @@ class PrefixIndex:
         cap = self._max if capacity_blocks is None else min(capacity_blocks, self._max)
         self._capacity[worker] = cap
         self._evict(worker)
-
-    def workers(self) -> list[str]:
-        return list(self._blocks)
-
-    def __len__(self) -> int:
-        return sum(len(b) for b in self._blocks.values())
 
     def size(self, worker: str) -> int:
         return len(self._blocks.get(worker, ()))
@@ -119,10 +114,14 @@ class PrefixIndex:
             del blocks[h]
 
     def prune(self, now: float, max_scan: int = 10_000) -> int:
-        """Drop up to `max_scan` expired entries per worker, oldest first; returns how many."""
+        """Drop the expired among each worker's `max_scan` least recently used entries; returns how many.
+
+        Bounded so that one call stays cheap; entries beyond the scan expire on a later call or when
+        `match` meets them.
+        """
         dropped = 0
         for blocks in self._blocks.values():
-            stale = [h for _, (h, exp) in zip(range(max_scan), blocks.items()) if exp <= now]
+            stale = [h for h, exp in islice(blocks.items(), max_scan) if exp <= now]
             for h in stale:
                 del blocks[h]
             dropped += len(stale)

@@ -8,7 +8,8 @@ PUB socket: ``seq`` is an 8-byte big-endian counter starting at 0, ``payload``
 a msgpack EventBatch. The PUB side binds when its endpoint has a ``*`` (then
 we connect) and connects otherwise (then we must bind). Missed batches can be
 asked for on the replay ROUTER socket: send ``[b"", start_seq]`` from a DEALER
-and read ``[b"", seq, payload]`` frames until ``seq == -1``.
+and read replies until ``seq == -1``. vLLM 0.32 replies ``[b"", topic, seq,
+payload]``; older releases sent ``[b"", seq, payload]``; both are accepted.
 
 TRT-LLM's ``trtllm-serve`` answers ``POST /kv_cache_events`` with the events
 queued since the last call (a destructive drain) as a JSON list; ids are
@@ -19,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -36,13 +36,11 @@ _END_SEQ = -1
 @dataclass(slots=True)
 class SubscriberStats:
     batches: int = 0
-    events: int = 0
     gaps: int = 0
     replays: int = 0  # gaps fully filled by replay
     replay_failures: int = 0  # gaps we could not fill: exact entries were dropped
     restarts: int = 0  # sequence went back to 0: the engine restarted
     decode_errors: int = 0
-    lag_s: float = 0.0  # receive wall time minus engine publish time, last batch
     last_seq: int | None = None
 
 
@@ -123,8 +121,6 @@ class ZmqEventSubscriber:
             log.warning("kv events from %s: undecodable batch %d: %s", self.worker, seq, e)
             return
         self.stats.batches += 1
-        self.stats.events += len(batch.events)
-        self.stats.lag_s = max(0.0, time.time() - batch.ts)
         self._on_batch(batch)
 
     async def _replay(self, start: int, stop: int) -> bool:
@@ -142,20 +138,29 @@ class ZmqEventSubscriber:
             while True:
                 if not await dealer.poll(self._replay_timeout_ms):
                     return False
-                frames = await dealer.recv_multipart()
-                if len(frames) != 3:
+                reply = _replay_reply(await dealer.recv_multipart())
+                if reply is None:
                     return False
-                seq = int.from_bytes(frames[1], "big", signed=True)
+                seq, payload = reply
                 if seq == _END_SEQ:
                     return expected >= stop
                 if seq < expected or seq >= stop:
                     continue  # older than asked, or the live stream will bring it
                 if seq > expected:
                     return False  # the engine's replay buffer no longer has what we need
-                self._deliver(seq, frames[2])
+                self._deliver(seq, payload)
                 expected = seq + 1
         finally:
             dealer.close(linger=0)
+
+
+def _replay_reply(frames: list[bytes]) -> tuple[int, bytes] | None:
+    """(seq, payload) of one replay reply as a DEALER reads it; None if it is not one."""
+    if len(frames) == 4 and not frames[0]:  # [b"", topic, seq, payload]
+        frames = [frames[0], frames[2], frames[3]]
+    if len(frames) != 3 or frames[0] or len(frames[1]) != 8:
+        return None
+    return int.from_bytes(frames[1], "big", signed=True), frames[2]
 
 
 TrtllmItem = tuple[int, KVEvent | int | None]
@@ -205,7 +210,6 @@ class TrtllmEventPoller:
             self._on_reset()
         self.stats.last_seq = items[-1][0]
         self.stats.batches += 1
-        self.stats.events += len(items)
         self._on_items(items)
         return len(items)
 

@@ -89,10 +89,6 @@ class LoadTracker:
         self._in_flight[r.worker] -= 1
         return r.worker
 
-    def worker_of(self, request_id: str) -> str | None:
-        r = self._reqs.get(request_id)
-        return None if r is None else r.worker
-
     def set_scraped(self, worker: str, metrics: ScrapedMetrics, now: float) -> None:
         self._scraped[worker] = (now, metrics)
 

@@ -64,10 +64,6 @@ class RouterMetrics:
         self._window.append(within)
         self.accuracy.set(sum(self._window) / len(self._window))
 
-    @property
-    def accuracy_value(self) -> float | None:
-        return sum(self._window) / len(self._window) if self._window else None
-
     def forget_worker(self, worker: str) -> None:
         for g in (self.healthy, self.breaker, self.in_flight, self.index_blocks, self.kv_events,
                   self.kv_gaps, self.kv_replays, self.kv_lag):

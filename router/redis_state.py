@@ -29,10 +29,8 @@ import contextlib
 import logging
 import math
 import time
-import uuid
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import msgpack
@@ -40,44 +38,17 @@ import redis.asyncio as aioredis
 from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 from redis.retry import Retry
+from redis.typing import EncodableT
 
+from router.config import RedisStateConfig
 from router.shared import ReplicaSink
 
 log = logging.getLogger(__name__)
 _STORE, _REMOVE, _CLEAR = "s", "r", "c"
+# (kind, worker, router hashes, ttl_s for a store / exact_only for a clear)
+_Op = tuple[str, str, list[int], Any]
 
 
-@dataclass(frozen=True, slots=True)
-class RedisStateConfig:
-    url: str = "redis://127.0.0.1:6379/0"
-    prefix: str = "sluice:router"
-    replica_id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
-    flush_interval_s: float = 0.02
-    load_interval_s: float = 1.0
-    load_ttl_s: float = 5.0  # a replica silent this long no longer counts toward load
-    reconnect_min_s: float = 0.1
-    reconnect_max_s: float = 5.0
-    socket_timeout_s: float = 3.0
-    read_block_ms: int = 500
-    max_outbox: int = 100_000
-    stream_maxlen: int = 200_000
-    max_blocks_per_worker: int = 262_144
-
-    def __post_init__(self) -> None:
-        if not self.url.startswith(("redis://", "rediss://", "unix://")):
-            raise ValueError(f"redis url must start with redis://, rediss:// or unix://, got {self.url!r}")
-        if not self.prefix or not self.replica_id:
-            raise ValueError("prefix and replica_id must be non-empty")
-        for name in ("flush_interval_s", "load_interval_s", "load_ttl_s", "reconnect_min_s",
-                     "socket_timeout_s"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"{name} must be > 0")
-        if self.reconnect_max_s < self.reconnect_min_s:
-            raise ValueError("reconnect_max_s must be >= reconnect_min_s")
-        if self.read_block_ms * 2 > self.socket_timeout_s * 1000:
-            raise ValueError("socket_timeout_s must exceed twice read_block_ms, or reads time out")
-        if min(self.max_outbox, self.stream_maxlen, self.max_blocks_per_worker) < 1:
-            raise ValueError("max_outbox, stream_maxlen and max_blocks_per_worker must be >= 1")
 
 
 class RedisSharedState:
@@ -87,11 +58,9 @@ class RedisSharedState:
         self.config = config
         self.connected = False
         self.resyncs = 0
-        self.ops_applied = 0
-        self.outbox_dropped = 0
-        self._outbox: deque[tuple[Any, ...]] = deque()
+        self._outbox: deque[_Op] = deque()
+        self._outbox_overflowed = False
         self._wake = asyncio.Event()
-        self._sink: ReplicaSink | None = None
         self._task: asyncio.Task[None] | None = None
         self._last_id = "0-0"
         self._redis = aioredis.Redis.from_url(
@@ -109,9 +78,8 @@ class RedisSharedState:
         self._queue((_CLEAR, worker, [], exact_only))
 
     async def start(self, sink: ReplicaSink) -> None:
-        self._sink = sink
         if self._task is None:
-            self._task = asyncio.create_task(self._supervise(), name="redis-shared-state")
+            self._task = asyncio.create_task(self._supervise(sink), name="redis-shared-state")
 
     async def stop(self) -> None:
         """Stop syncing; bounded in time even if a Redis call is stuck."""
@@ -124,62 +92,62 @@ class RedisSharedState:
             await asyncio.wait_for(self._redis.aclose(), timeout=self.config.socket_timeout_s * 2)
 
     # -- internals ---------------------------------------------------------------
-    def _queue(self, op: tuple[Any, ...]) -> None:
+    def _queue(self, op: _Op) -> None:
         if len(self._outbox) >= self.config.max_outbox:
             # The resync push after an outage re-sends stores; dropped removals
             # age out through LRU and TTL. Losing the oldest is the bounded choice.
             self._outbox.popleft()
-            self.outbox_dropped += 1
+            if not self._outbox_overflowed:
+                log.warning("shared routing state: outbox full (%d ops); dropping the oldest", len(self._outbox))
+                self._outbox_overflowed = True
         self._outbox.append(op)
         self._wake.set()
 
     def _key(self, *parts: str) -> str:
         return ":".join((self.config.prefix, *parts))
 
-    async def _supervise(self) -> None:
+    async def _supervise(self, sink: ReplicaSink) -> None:
         delay = self.config.reconnect_min_s
         while True:
             try:
-                await self._resync()
+                await self._resync(sink)
                 self.connected = True
                 delay = self.config.reconnect_min_s
-                loops = [self._reader(), self._writer(), self._load_loop()]
-                tasks = [asyncio.create_task(c) for c in loops]
-                try:
-                    done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
-                    for t in done:
-                        t.result()  # re-raise the failure that ended the session
-                finally:
-                    for t in tasks:
-                        t.cancel()
-                    await asyncio.gather(*tasks, return_exceptions=True)
+                await self._run_session(sink)
             except (RedisError, OSError) as e:
                 if self.connected:
                     log.warning("shared routing state: lost Redis (%s); routing on the local view", e)
-                self.connected = False
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, self.config.reconnect_max_s)
             except Exception:
                 # A reply we cannot parse (a proxy, a wrong server) must not end sharing
                 # for good: drop the connection and start over like any other failure.
                 log.exception("shared routing state: unexpected error; reconnecting")
-                self.connected = False
                 with contextlib.suppress(Exception):
                     await self._redis.connection_pool.disconnect()
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, self.config.reconnect_max_s)
+            self.connected = False
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, self.config.reconnect_max_s)
 
-    async def _resync(self) -> None:
+    async def _run_session(self, sink: ReplicaSink) -> None:
+        """Read, write and exchange load until one of them fails; re-raise that failure."""
+        tasks = [asyncio.create_task(c) for c in (self._reader(sink), self._writer(), self._load_loop(sink))]
+        try:
+            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+            for t in done:
+                t.result()
+        finally:
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _resync(self, sink: ReplicaSink) -> None:
         """Flush what queued while away, push the local view, load everyone else's."""
-        sink = self._sink
-        assert sink is not None  # start() sets it before the supervisor runs
         last = await self._redis.xrevrange(self._key("ops"), count=1)
         await self._flush()
         now = time.time()
         owned = sink.event_workers()
         pipe = self._redis.pipeline(transaction=False)
         for worker in sink.worker_names():
-            entries = {}
+            entries: dict[str, float] = {}
             for h, ttl_s in sink.local_entries(worker):
                 if ttl_s is None and worker not in owned:
                     continue
@@ -188,14 +156,15 @@ class RedisSharedState:
                 pipe.zadd(self._key("blocks", worker), entries, gt=True)
         await pipe.execute()
         for worker in sink.worker_names():
-            rows = await self._redis.zrangebyscore(self._key("blocks", worker), now, "+inf", withscores=True)
-            exact = [int(m) for m, s in rows if math.isinf(s)]
+            rows = _scored(await self._redis.zrangebyscore(self._key("blocks", worker), now, "+inf",
+                                                           withscores=True))
+            exact = [h for h, score in rows if math.isinf(score)]
             if exact:
                 sink.apply_remote_store(worker, exact, None)
-            for m, s in rows:
-                if not math.isinf(s):
-                    sink.apply_remote_store(worker, [int(m)], s - now)
-        self._last_id = last[0][0].decode() if last else "0-0"
+            for h, score in rows:
+                if not math.isinf(score):
+                    sink.apply_remote_store(worker, [h], score - now)
+        self._last_id = _text(last[0][0]) if last else "0-0"
         self.resyncs += 1
 
     async def _writer(self) -> None:
@@ -230,44 +199,29 @@ class RedisSharedState:
         # Only drop what was written: ops queued during the await stay queued.
         for _ in ops:
             self._outbox.popleft()
+        self._outbox_overflowed = False
 
-    async def _reader(self) -> None:
-        sink = self._sink
-        assert sink is not None
+    async def _reader(self, sink: ReplicaSink) -> None:
         me = self.config.replica_id.encode()
         while True:
             resp = await self._redis.xread({self._key("ops"): self._last_id}, count=1000,
                                            block=self.config.read_block_ms)
-            for _stream, entries in resp or []:
-                for entry_id, fields in entries:
-                    self._last_id = entry_id.decode()
-                    if fields.get(b"r") == me:
-                        continue
-                    self._apply(sink, msgpack.unpackb(fields[b"op"]))
+            for entry_id, entry in _stream_entries(resp):
+                self._last_id = entry_id
+                if entry.get(b"r") != me:
+                    _apply(sink, msgpack.unpackb(entry[b"op"]))
 
-    def _apply(self, sink: ReplicaSink, op: list[Any]) -> None:
-        kind, worker, hashes, arg = op
-        if kind == _STORE:
-            sink.apply_remote_store(worker, hashes, arg)
-        elif kind == _REMOVE:
-            sink.apply_remote_remove(worker, hashes)
-        elif kind == _CLEAR:
-            sink.apply_remote_clear(worker, bool(arg))
-        self.ops_applied += 1
-
-    async def _load_loop(self) -> None:
+    async def _load_loop(self, sink: ReplicaSink) -> None:
         while True:
-            await self._exchange_load()
-            await self._trim()
+            await self._exchange_load(sink)
+            await self._trim(sink)
             await asyncio.sleep(self.config.load_interval_s)
 
-    async def _exchange_load(self) -> None:
-        sink = self._sink
-        assert sink is not None
+    async def _exchange_load(self, sink: ReplicaSink) -> None:
         cfg, now = self.config, time.time()
         mine = self._key("load", cfg.replica_id)
         pipe = self._redis.pipeline(transaction=False)
-        loads = {w: f"{i} {q}" for w, (i, q) in sink.local_loads().items()}
+        loads: dict[EncodableT, EncodableT] = {w: f"{i} {q}" for w, (i, q) in sink.local_loads().items()}
         pipe.delete(mine)
         if loads:
             pipe.hset(mine, mapping=loads)
@@ -276,15 +230,15 @@ class RedisSharedState:
         pipe.zremrangebyscore(self._key("replicas"), "-inf", now - cfg.load_ttl_s)
         pipe.zrangebyscore(self._key("replicas"), now - cfg.load_ttl_s, "+inf")
         replicas = (await pipe.execute())[-1]
-        others = [r.decode() for r in replicas if r.decode() != cfg.replica_id]
+        others = [r for r in map(_text, replicas) if r != cfg.replica_id]
         totals: dict[str, list[int]] = {w: [0, 0] for w in sink.worker_names()}
         if others:
             pipe = self._redis.pipeline(transaction=False)
             for r in others:
                 pipe.hgetall(self._key("load", r))
-            for h in await pipe.execute():
-                for w, v in h.items():
-                    t = totals.get(w.decode())
+            for replica_loads in await pipe.execute():
+                for w, v in replica_loads.items():
+                    t = totals.get(_text(w))
                     if t is not None:
                         i, q = v.split()
                         t[0] += int(i)
@@ -292,9 +246,7 @@ class RedisSharedState:
         for w, (i, q) in totals.items():
             sink.set_remote_load(w, i, q)
 
-    async def _trim(self) -> None:
-        sink = self._sink
-        assert sink is not None
+    async def _trim(self, sink: ReplicaSink) -> None:
         now, cap = time.time(), self.config.max_blocks_per_worker
         pipe = self._redis.pipeline(transaction=False)
         for w in sink.worker_names():
@@ -303,3 +255,33 @@ class RedisSharedState:
             # Beyond the cap, drop the entries that expire soonest; exact (+inf) go last.
             pipe.zremrangebyrank(key, 0, -cap - 1)
         await pipe.execute()
+
+
+# Replies are decoded here, at the boundary: a malformed one raises, and the
+# supervisor drops the connection and starts over.
+def _text(v: Any) -> str:
+    return v.decode() if isinstance(v, bytes) else str(v)
+
+
+def _scored(rows: Any) -> list[tuple[int, float]]:
+    """(hash, score) pairs of a ZRANGEBYSCORE ... WITHSCORES reply."""
+    return [(int(member), float(score)) for member, score in rows]
+
+
+def _stream_entries(resp: Any) -> list[tuple[str, dict[bytes, bytes]]]:
+    """(entry id, fields) of every entry in an XREAD reply (None when the block timed out)."""
+    return [(_text(entry_id), dict(fields)) for _stream, entries in resp or [] for entry_id, fields in entries]
+
+
+def _apply(sink: ReplicaSink, op: Any) -> None:
+    kind, worker, hashes, arg = op
+    if kind == _STORE:
+        sink.apply_remote_store(worker, hashes, arg)
+    elif kind == _REMOVE:
+        sink.apply_remote_remove(worker, hashes)
+    elif kind == _CLEAR:
+        sink.apply_remote_clear(worker, bool(arg))
+
+
+# RedisStateConfig is defined in router.config; it is re-exported so that a backend and its config import together.
+__all__ = ["RedisSharedState", "RedisStateConfig"]

@@ -2,9 +2,9 @@
 
 The router never waits on shared state: it routes on its local index and
 load, pushes its own changes through the non-blocking ``publish_*`` calls, and
-receives other replicas' changes through the :class:`ReplicaSink` methods. An
-implementation therefore only has to be *eventually* consistent, and a
-replica keeps routing while the backend is down.
+receives other replicas' changes through a :class:`ReplicaSink`
+(`router.replica.ReplicaSync`). An implementation therefore only has to be
+*eventually* consistent, and a replica keeps routing while the backend is down.
 """
 
 from __future__ import annotations
@@ -14,7 +14,10 @@ from typing import Protocol
 
 
 class ReplicaSink(Protocol):
-    """What a shared-state backend may call on the local router (same event loop)."""
+    """What a shared-state backend may call on the local router (same event loop).
+
+    Every method returns at once; unknown worker names are ignored.
+    """
 
     def apply_remote_store(self, worker: str, hashes: Sequence[int], ttl_s: float | None) -> None:
         """Another replica saw `worker` store `hashes`; ttl None means exact."""
@@ -40,6 +43,10 @@ class ReplicaSink(Protocol):
 
 class SharedState(Protocol):
     """A backend (Redis) that spreads index and load changes between replicas."""
+
+    @property
+    def connected(self) -> bool:
+        """True while the backend is reachable (exported as a gauge)."""
 
     async def start(self, sink: ReplicaSink) -> None:
         """Begin syncing; must return even when the backend is unreachable."""

@@ -12,7 +12,7 @@ import os
 import subprocess
 import sys
 import time
-from typing import Iterator
+from collections.abc import Iterator
 
 import httpx
 import openai
@@ -74,20 +74,25 @@ def test_standin_chat_streams_through_the_gateway(standin_gateway: Server) -> No
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
 
 
+def _kv_events(gateway: Server) -> float:
+    text = httpx.get(gateway.url + "/metrics").text
+    return metric_value(text, "sluice_router_kv_events_total", {"worker": "trt-0"}) or 0
+
+
 def test_standin_cached_tokens_and_kv_events_reach_the_gateway(standin_gateway: Server) -> None:
+    before = _kv_events(standin_gateway)  # the module's other tests share this gateway
     ids = list(range(300, 400))  # 3 full blocks of 32
     c = sdk(standin_gateway)
     c.completions.create(model=MODEL, prompt=ids, max_tokens=2)
     second = c.completions.create(model=MODEL, prompt=ids, max_tokens=2)
     assert second.usage.prompt_tokens_details.cached_tokens == 96
-    value = 0.0
+    grown = 0.0
     for _ in range(100):  # the router polls /kv_cache_events
-        value = metric_value(httpx.get(standin_gateway.url + "/metrics").text, "sluice_router_kv_events_total",
-                             {"worker": "trt-0"}) or 0
-        if value > 0:
+        grown = _kv_events(standin_gateway) - before
+        if grown > 0:
             break
         time.sleep(0.1)
-    assert value > 0
+    assert grown > 0
 
 
 def test_standin_refusal_is_an_openai_error(standin_gateway: Server) -> None:

@@ -2,8 +2,15 @@ from __future__ import annotations
 
 import pytest
 
-from router.events import (AllBlocksCleared, BlockRemoved, BlockStored, EventApplier, EventDecodeError,
-                           decode_trtllm_events, decode_vllm_batch)
+from router.applier import EventApplier
+from router.events import (
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    EventDecodeError,
+    decode_trtllm_events,
+    decode_vllm_batch,
+)
 from router.hashing import block_hashes, root_hash
 from router.index import PrefixIndex
 from tests.router import eventgen as g

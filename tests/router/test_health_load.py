@@ -70,6 +70,9 @@ def test_load_tracker_lifecycle():
     assert t.snapshot("a", 16).running is None  # stale scrape ignored
 
 
+# Two engines (data-parallel ranks) in one exposition, to check the sums: the single-engine
+# test workers cannot produce that. A real worker's exposition is parsed in
+# tests/integration/test_vllm_metrics_health.py.
 VLLM_METRICS = """\
 # HELP vllm:num_requests_running Number of requests in model execution batches.
 # TYPE vllm:num_requests_running gauge
@@ -83,7 +86,8 @@ vllm:num_requests_waiting{engine="0",model_name="tiny"} 2.0
 vllm:kv_cache_usage_perc{engine="0",model_name="tiny"} 0.25
 # HELP vllm:cache_config_info Information of the LLMEngine CacheConfig
 # TYPE vllm:cache_config_info gauge
-vllm:cache_config_info{block_size="128",cache_dtype="auto",enable_prefix_caching="True",engine="0",num_gpu_blocks="1820"} 1.0
+vllm:cache_config_info{block_size="128",cache_dtype="auto",enable_prefix_caching="True",\
+engine="0",num_gpu_blocks="1820"} 1.0
 # HELP vllm:prefix_cache_hits_total Prefix cache hits, in terms of number of cached tokens.
 # TYPE vllm:prefix_cache_hits_total counter
 vllm:prefix_cache_hits_total{engine="0",model_name="tiny"} 384.0

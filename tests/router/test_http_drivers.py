@@ -1,14 +1,21 @@
-"""The HTTP-facing steps (TRT-LLM event drain, /metrics scrape, /health) against httpx mock transports."""
+"""The HTTP-facing steps against httpx mock transports, for what a real server cannot be made to do.
+
+TRT-LLM needs an NVIDIA GPU, so its event drain is exercised against a stand-in
+of trtllm-serve's `/kv_cache_events`. The vLLM /metrics and /health steps are
+tested against a real vLLM in tests/integration/test_vllm_metrics_health.py;
+here only their error answers are.
+"""
 
 from __future__ import annotations
 
 import httpx
+import pytest
 
 from router import Router, RouterConfig, WorkerInfo
 from router.health import check_health
 from router.kv_events import TrtllmEventPoller
 from router.load import scrape_metrics
-from tests.router.test_health_load import VLLM_METRICS
+from tests.servers import free_port
 
 TOKENS = list(range(1, 9))
 
@@ -46,21 +53,21 @@ async def test_trtllm_poller_applies_events_and_resets_on_gap():
     gaps: list[bool] = []
     async with httpx.AsyncClient(transport=httpx.MockTransport(srv)) as client:
         p = TrtllmEventPoller("t", "http://127.0.0.1:1", client, interval_s=1, timeout_s=1,
-                              on_items=lambda items: r.apply_kv_events(
+                              on_items=lambda items: r.feed.apply_kv_events(
                                   "t", [e for _, e in items if e is not None and not isinstance(e, int)]),
-                              on_reset=lambda: r.reset_kv_state("t"), on_gap=gaps.append)
+                              on_reset=lambda: r.feed.reset_kv_state("t"), on_gap=gaps.append)
         srv.queue = [{"event_id": 0, "data": {"type": "created", "num_blocks_per_cache_level": [64, 0]}},
                      stored(1, [501, 502], None, TOKENS)]
         assert await p.poll_once() == 2
-        assert r.rank("m", TOKENS + [0]).best.predicted_cached_tokens == 8
+        assert r.rank("m", [*TOKENS, 0]).best.predicted_cached_tokens == 8
         assert await p.poll_once() == 0  # drained
         srv.queue = [{"event_id": 2, "data": {"type": "removed", "block_hashes": [502]}}]
         await p.poll_once()
-        assert r.rank("m", TOKENS + [0]).best.predicted_cached_tokens == 4
+        assert r.rank("m", [*TOKENS, 0]).best.predicted_cached_tokens == 4
         srv.queue = [{"event_id": 9, "data": {"type": "removed", "block_hashes": []}}]  # 3..8 lost
         await p.poll_once()
         assert gaps == [False]
-        assert r.rank("m", TOKENS + [0]).best.predicted_cached_tokens == 0
+        assert r.rank("m", [*TOKENS, 0]).best.predicted_cached_tokens == 0
     assert set(srv.methods) == {"POST"}
 
 
@@ -74,22 +81,26 @@ async def test_trtllm_poller_falls_back_to_get():
         assert await p.poll_once() == 0
 
 
-async def test_scrape_and_health():
+async def test_health_is_false_for_error_answers_and_refused_connections():
+    # A real vLLM answers /health 200 (tests/integration/test_vllm_metrics_health.py); only
+    # a mock can answer 503 on demand. Refusal is real: nothing listens on the port.
+    def unhealthy(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(503)
+
+    async with httpx.AsyncClient(transport=httpx.MockTransport(unhealthy)) as client:
+        assert not await check_health(client, "http://127.0.0.1:9", 1)
+    async with httpx.AsyncClient() as client:
+        assert not await check_health(client, f"http://127.0.0.1:{free_port()}", 1)
+
+
+async def test_scrape_raises_for_error_answers_and_non_prometheus_text():
     def handler(request: httpx.Request) -> httpx.Response:
-        if request.url.path == "/metrics":
-            return httpx.Response(200, text=VLLM_METRICS)
-        if request.url.path == "/health":
-            return httpx.Response(200 if request.url.host == "127.0.0.1" else 503)
-        return httpx.Response(404)
+        if request.url.host == "127.0.0.1":
+            return httpx.Response(500)
+        return httpx.Response(200, text="<html>a proxy's error page</html>")
 
     async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as client:
-        m = await scrape_metrics(client, "http://127.0.0.1:9/", 1)
-        assert (m.running, m.waiting, m.block_size) == (4, 2, 128)
-        assert await check_health(client, "http://127.0.0.1:9", 1)
-        assert not await check_health(client, "http://127.0.0.2:9", 1)
-
-    def refuse(request: httpx.Request) -> httpx.Response:
-        raise httpx.ConnectError("refused", request=request)
-
-    async with httpx.AsyncClient(transport=httpx.MockTransport(refuse)) as client:
-        assert not await check_health(client, "http://127.0.0.1:9", 1)
+        with pytest.raises(httpx.HTTPStatusError):
+            await scrape_metrics(client, "http://127.0.0.1:9", 1)
+        with pytest.raises(ValueError):
+            await scrape_metrics(client, "http://127.0.0.2:9", 1)

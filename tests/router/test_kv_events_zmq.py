@@ -1,10 +1,15 @@
-"""Real ZMQ sockets on loopback: a vLLM-shaped publisher feeding the subscriber.
+"""Real ZMQ sockets on loopback: a STAND-IN for vLLM's publisher feeding the subscriber.
 
-The publisher mirrors vLLM's ZmqEventPublisher wire protocol: multipart
+A stand-in because these tests must lose chosen messages, empty the replay
+buffer and restart the sequence on demand, which a real vLLM cannot be told to
+do; tests/integration/test_vllm_kv_replay.py checks replay against a real one.
+The stand-in speaks vLLM's ZmqEventPublisher wire protocol: multipart
 [topic, seq (8 bytes big-endian), msgpack EventBatch] on PUB, and a ROUTER
-replay socket answering [b"", start_seq] with [b"", seq, payload]... then
-[b"", -1, b""]. It is an XPUB so the test can wait for the subscription
-instead of sleeping (PUB drops messages sent before a subscriber joined).
+replay socket answering [b"", start_seq] with one reply per batch and then an
+end marker with seq -1: [b"", topic, seq, payload] as vLLM 0.32 sends them, or
+[b"", seq, payload] as older releases did. It is an XPUB so the test can wait
+for the subscription instead of sleeping (PUB drops messages sent before a
+subscriber joined).
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ import asyncio
 import pytest
 import zmq
 import zmq.asyncio
+from prometheus_client import CollectorRegistry
 
 from router import Router, RouterConfig, WorkerInfo
 from router.hashing import block_hashes, root_hash
@@ -25,8 +31,9 @@ BS = 4
 TOKENS = list(range(1, 17))  # 4 blocks
 
 
-class FakeVllmPublisher:
-    def __init__(self, ctx: zmq.asyncio.Context, endpoint: str, *, bind: bool, topic: bytes = b"kv") -> None:
+class VllmPublisherStandIn:
+    def __init__(self, ctx: zmq.asyncio.Context, endpoint: str, *, bind: bool, topic: bytes = b"kv",
+                 replay_with_topic: bool = True) -> None:
         self.pub = ctx.socket(zmq.XPUB)
         self.pub.setsockopt(zmq.LINGER, 0)
         if bind:
@@ -40,6 +47,7 @@ class FakeVllmPublisher:
         self.replay.bind("tcp://127.0.0.1:*")
         self.replay_endpoint = self.replay.getsockopt_string(zmq.LAST_ENDPOINT)
         self.topic = topic
+        self._reply_head = [b"", topic] if replay_with_topic else [b""]
         self.buffer: list[tuple[int, bytes]] = []
         self.replay_requests: list[int] = []
         self._task = asyncio.create_task(self._serve_replay())
@@ -61,8 +69,9 @@ class FakeVllmPublisher:
             self.replay_requests.append(start_seq)
             for seq, payload in self.buffer:
                 if seq >= start_seq:
-                    await self.replay.send_multipart([client, b"", seq.to_bytes(8, "big"), payload])
-            await self.replay.send_multipart([client, b"", (-1).to_bytes(8, "big", signed=True), b""])
+                    await self.replay.send_multipart([client, *self._reply_head, seq.to_bytes(8, "big"), payload])
+            end = (-1).to_bytes(8, "big", signed=True)
+            await self.replay.send_multipart([client, *[b""] * len(self._reply_head), end, b""])
 
     async def close(self) -> None:
         self._task.cancel()
@@ -86,7 +95,7 @@ def make_router() -> Router:
 
 
 def cached(r: Router) -> int:
-    return r.rank("m", TOKENS + [0]).best.predicted_cached_tokens
+    return r.rank("m", [*TOKENS, 0]).best.predicted_cached_tokens
 
 
 def chain() -> list[int]:
@@ -98,15 +107,15 @@ async def test_batches_in_both_encodings_reach_the_index(publisher_binds):
     ctx = zmq.asyncio.Context()
     r = make_router()
     if publisher_binds:
-        pub = FakeVllmPublisher(ctx, "tcp://127.0.0.1:*", bind=True)
+        pub = VllmPublisherStandIn(ctx, "tcp://127.0.0.1:*", bind=True)
         sub = ZmqEventSubscriber("w", pub.endpoint, bind=False, topic="kv", ctx=ctx,
-                                 on_batch=lambda b: r.apply_kv_batch("w", b),
-                                 on_reset=lambda: r.reset_kv_state("w"))
+                                 on_batch=lambda b: r.feed.apply_kv_batch("w", b),
+                                 on_reset=lambda: r.feed.reset_kv_state("w"))
     else:  # vLLM with a concrete host connects, so the subscriber binds
         sub = ZmqEventSubscriber("w", "tcp://127.0.0.1:*", bind=True, topic="kv", ctx=ctx,
-                                 on_batch=lambda b: r.apply_kv_batch("w", b),
-                                 on_reset=lambda: r.reset_kv_state("w"))
-        pub = FakeVllmPublisher(ctx, sub.endpoint, bind=False)
+                                 on_batch=lambda b: r.feed.apply_kv_batch("w", b),
+                                 on_reset=lambda: r.feed.reset_kv_state("w"))
+        pub = VllmPublisherStandIn(ctx, sub.endpoint, bind=False)
     task = asyncio.create_task(sub.run())
     try:
         await pub.wait_subscribed()
@@ -126,15 +135,16 @@ async def test_batches_in_both_encodings_reach_the_index(publisher_binds):
         ctx.term()
 
 
-async def test_gap_is_filled_by_replay_and_unfillable_gap_resets():
+@pytest.mark.parametrize("replay_with_topic", [True, False])
+async def test_gap_is_filled_by_replay_and_unfillable_gap_resets(replay_with_topic):
     ctx = zmq.asyncio.Context()
     r = make_router()
     gaps: list[bool] = []
-    pub = FakeVllmPublisher(ctx, "tcp://127.0.0.1:*", bind=True)
+    pub = VllmPublisherStandIn(ctx, "tcp://127.0.0.1:*", bind=True, replay_with_topic=replay_with_topic)
     sub = ZmqEventSubscriber("w", pub.endpoint, bind=False, topic="kv", ctx=ctx,
                              replay_endpoint=pub.replay_endpoint, on_gap=gaps.append,
-                             on_batch=lambda b: r.apply_kv_batch("w", b),
-                             on_reset=lambda: r.reset_kv_state("w"))
+                             on_batch=lambda b: r.feed.apply_kv_batch("w", b),
+                             on_reset=lambda: r.feed.reset_kv_state("w"))
     task = asyncio.create_task(sub.run())
     try:
         await pub.wait_subscribed()
@@ -166,22 +176,21 @@ async def test_gap_is_filled_by_replay_and_unfillable_gap_resets():
         ctx.term()
 
 
-
-
 async def test_router_start_subscribes_from_worker_info():
     ctx = zmq.asyncio.Context.instance()
     port = free_port()
-    r = Router(RouterConfig(health_interval_s=60, scrape_interval_s=0))
+    reg = CollectorRegistry()
+    r = Router(RouterConfig(health_interval_s=60, scrape_interval_s=0), registry=reg)
     r.add_worker(WorkerInfo("w", "http://127.0.0.1:1", ("m",), block_size=BS,
                             kv_events_endpoint=f"tcp://127.0.0.1:{port}", kv_events_bind=True,
                             kv_events_topic="kv"))
     await r.start()
-    pub = FakeVllmPublisher(ctx, f"tcp://127.0.0.1:{port}", bind=False)
+    pub = VllmPublisherStandIn(ctx, f"tcp://127.0.0.1:{port}", bind=False)
     try:
         await pub.wait_subscribed()
         await pub.publish(0, g.batch([g.stored([1, 2, 3, 4], None, TOKENS, BS)], ts=0.0))
         await until(lambda: cached(r) == 16, "event applied through Router.start()")
-        assert r.metrics.kv_lag.labels("w")._value.get() > 0  # ts=0 is long ago
+        assert reg.get_sample_value("sluice_router_kv_event_lag_seconds", {"worker": "w"}) > 0  # ts=0 is long ago
     finally:
         await r.stop()
         await pub.close()

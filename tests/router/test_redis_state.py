@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import shutil
 import subprocess
+import time
 
 import pytest
 import redis
@@ -19,8 +20,6 @@ pytestmark = [
 ]
 
 PROMPT = list(range(1, 41))  # 10 blocks of 4
-
-
 
 
 class RedisServer:
@@ -44,7 +43,6 @@ class RedisServer:
                 pass
             if self.proc.poll() is not None:
                 raise RuntimeError("redis-server exited at start-up")
-            import time
             time.sleep(0.025)
         raise RuntimeError("redis-server did not become ready")
 
@@ -103,7 +101,7 @@ async def test_prefix_seen_on_a_routes_to_the_same_worker_on_b(redis_server):
         for i in range(6):  # several conversations, so both workers hold some
             home = route(a, f"a{i}", PROMPT + [100 + i] * 8)
             cont = PROMPT + [100 + i] * 8 + [5] * 3
-            await until(lambda: b.rank("m", cont).best.predicted_cached_tokens == 48, f"B learns conv {i}")
+            await until(lambda cont=cont: b.rank("m", cont).best.predicted_cached_tokens == 48, f"B learns conv {i}")
             assert b.rank("m", cont).best.worker == home
 
         # Load is shared too: A's in-flight requests on w0 steer B's least_load choice.
@@ -126,29 +124,29 @@ async def test_outage_keeps_local_routing_and_resyncs(redis_server):
     try:
         await until(lambda: sa.connected and sb.connected, "both connected")
         before = route(a, "r0", PROMPT)
-        await until(lambda: b.rank("m", PROMPT + [1]).best.predicted_cached_tokens == 40, "B learns r0")
+        await until(lambda: b.rank("m", [*PROMPT, 1]).best.predicted_cached_tokens == 40, "B learns r0")
 
         redis_server.kill()
         await until(lambda: not sa.connected and not sb.connected, "both notice the outage")
-        assert a.rank("m", PROMPT + [1]).best.worker == before  # local view intact
+        assert a.rank("m", [*PROMPT, 1]).best.worker == before  # local view intact
         other = [999] * 12 + [3] * 8
         during = route(a, "r1", other)  # routing goes on; the store waits in the outbox
-        assert b.rank("m", other + [1]).best.predicted_cached_tokens == 0
+        assert b.rank("m", [*other, 1]).best.predicted_cached_tokens == 0
 
         redis_server.start()  # comes back empty: no persistence
         resyncs = (sa.resyncs, sb.resyncs)
         await until(lambda: sa.resyncs > resyncs[0] and sb.resyncs > resyncs[1], "both resync")
-        await until(lambda: b.rank("m", other + [1]).best.predicted_cached_tokens == 20, "B learns r1")
-        assert b.rank("m", other + [1]).best.worker == during
-        assert b.rank("m", PROMPT + [1]).best.worker == before  # B's own view survived too
+        await until(lambda: b.rank("m", [*other, 1]).best.predicted_cached_tokens == 20, "B learns r1")
+        assert b.rank("m", [*other, 1]).best.worker == during
+        assert b.rank("m", [*PROMPT, 1]).best.worker == before  # B's own view survived too
         # A replica joining now learns r0 only from the snapshot the others pushed
         # into the restarted, empty Redis (r0's stream entry died with the old one).
         c, sc = make_replica(redis_server.url, "C")
         await c.start()
         try:
             await until(lambda: sc.resyncs == 1, "C synced")
-            assert c.rank("m", PROMPT + [1]).best.worker == before
-            assert c.rank("m", PROMPT + [1]).best.predicted_cached_tokens == 40
+            assert c.rank("m", [*PROMPT, 1]).best.worker == before
+            assert c.rank("m", [*PROMPT, 1]).best.predicted_cached_tokens == 40
         finally:
             await c.stop()
     finally:

@@ -69,10 +69,10 @@ def test_turns_follow_their_conversation():
 
 def test_closed_loop_metrics():
     r, reg, _ = make()
-    rk = r.rank("m", SYSTEM + [5])
+    rk = r.rank("m", [*SYSTEM, 5])
     r.on_dispatch("a", rk, "w0")
     r.on_finish("a", cached_tokens=0)
-    rk = r.rank("m", SYSTEM + [5])
+    rk = r.rank("m", [*SYSTEM, 5])
     assert rk.best.worker == "w0" and rk.best.predicted_cached_tokens == 12
     r.on_dispatch("b", rk, "w0")
     r.on_first_token("b")
@@ -86,7 +86,7 @@ def test_closed_loop_metrics():
 
 def test_failover_rolls_back_speculation_and_feeds_breaker():
     r, _, clock = make(breaker_failures=2, breaker_cooldown_s=5, breaker_max_cooldown_s=5)
-    prompt = SYSTEM + [9]
+    prompt = [*SYSTEM, 9]
     rk = r.rank("m", prompt)
     first, second = rk.candidates[0].worker, rk.candidates[1].worker
     r.on_dispatch("x", rk, first)
@@ -137,42 +137,42 @@ def test_drain_remove_and_unknown_model():
 
 def test_salts_do_not_share_cache():
     r, _, _ = make()
-    rk = r.rank("m", SYSTEM + [1], cache_salt="tenant-a")
+    rk = r.rank("m", [*SYSTEM, 1], cache_salt="tenant-a")
     r.on_dispatch("a", rk, rk.best.worker)
     r.on_finish("a")
-    assert r.rank("m", SYSTEM + [1], cache_salt="tenant-a").best.predicted_cached_tokens == 12
-    assert r.rank("m", SYSTEM + [1], cache_salt="tenant-b").best.predicted_cached_tokens == 0
-    assert r.rank("m", SYSTEM + [1], lora="x").best.predicted_cached_tokens == 0
+    assert r.rank("m", [*SYSTEM, 1], cache_salt="tenant-a").best.predicted_cached_tokens == 12
+    assert r.rank("m", [*SYSTEM, 1], cache_salt="tenant-b").best.predicted_cached_tokens == 0
+    assert r.rank("m", [*SYSTEM, 1], lora="x").best.predicted_cached_tokens == 0
 
 
 def test_speculative_entries_expire():
     r, _, clock = make(speculative_ttl_s=10, events=True)
-    rk = r.rank("m", SYSTEM + [1])
+    rk = r.rank("m", [*SYSTEM, 1])
     r.on_dispatch("a", rk, "w0")
-    assert r.rank("m", SYSTEM + [1]).candidate("w0").predicted_cached_tokens == 12
+    assert r.rank("m", [*SYSTEM, 1]).candidate("w0").predicted_cached_tokens == 12
     clock.t += 11
-    assert r.rank("m", SYSTEM + [1]).candidate("w0").predicted_cached_tokens == 0
+    assert r.rank("m", [*SYSTEM, 1]).candidate("w0").predicted_cached_tokens == 0
 
 
 def test_events_make_entries_exact_and_removals_apply():
     r, reg, clock = make(speculative_ttl_s=10, events=True)
     ev = g.stored([b"h1", b"h2", b"h3"], None, SYSTEM, 4)
-    r.apply_kv_batch("w1", decode_vllm_batch(g.batch([ev])))
+    r.feed.apply_kv_batch("w1", decode_vllm_batch(g.batch([ev])))
     clock.t += 1e6  # exact entries do not expire
-    rk = r.rank("m", SYSTEM + [1])
+    rk = r.rank("m", [*SYSTEM, 1])
     assert rk.best.worker == "w1" and rk.best.predicted_cached_tokens == 12
-    r.apply_kv_batch("w1", decode_vllm_batch(g.batch([g.removed([b"h2"])])))
-    assert r.rank("m", SYSTEM + [1]).candidate("w1").predicted_cached_tokens == 4
+    r.feed.apply_kv_batch("w1", decode_vllm_batch(g.batch([g.removed([b"h2"])])))
+    assert r.rank("m", [*SYSTEM, 1]).candidate("w1").predicted_cached_tokens == 4
     assert sample(reg, "sluice_router_kv_events_total", {"worker": "w1"}) == 2
-    r.reset_kv_state("w1")
-    assert r.rank("m", SYSTEM + [1]).candidate("w1").predicted_cached_tokens == 0
+    r.feed.reset_kv_state("w1")
+    assert r.rank("m", [*SYSTEM, 1]).candidate("w1").predicted_cached_tokens == 0
 
 
 def test_block_size_and_capacity_learned_from_metrics():
     r = Router(RouterConfig(approx_capacity_blocks=100), clock=Clock())
     r.add_worker(WorkerInfo("w", "http://127.0.0.1:1", ("m",)))
     assert r.workers()[0].block_size == 128
-    r.apply_scrape("w", ScrapedMetrics(block_size=16, num_gpu_blocks=2))
+    r.feed.apply_scrape("w", ScrapedMetrics(block_size=16, num_gpu_blocks=2))
     assert r.workers()[0].block_size == 16
     rk = r.rank("m", list(range(64)))
     r.on_dispatch("a", rk, "w")
@@ -184,20 +184,24 @@ def test_policy_per_request_and_gauges():
     seen = {r.rank("m", SYSTEM).best.worker for _ in range(4)}
     assert seen == {"w0", "w1"}
     assert r.rank("m", SYSTEM, policy="session", session_key="s").best.reason == "session"
-    r.refresh_metrics()
+    r.feed.maintain()
     assert sample(reg, "sluice_router_worker_healthy", {"worker": "w0"}) == 1
     r.remove_worker("w0")
     assert sample(reg, "sluice_router_worker_healthy", {"worker": "w0"}) is None
 
 
-def test_config_validation():
-    with pytest.raises(ValueError):
-        RouterConfig(policy="fastest")
-    with pytest.raises(ValueError):
-        RouterConfig(speculative_ttl_s=0)
-    with pytest.raises(ValueError):
-        WorkerInfo("has space", "http://x", ("m",))
-    with pytest.raises(ValueError):
-        WorkerInfo("w", "127.0.0.1:8000", ("m",))
-    with pytest.raises(ValueError):
-        WorkerInfo("w", "http://x", ("m",), kv_events_endpoint="tcp://x:1", trtllm_events=True)
+def test_feed_counts_gaps_and_ignores_unknown_workers():
+    r, reg, _ = make(events=True)
+    r.feed.record_kv_gap("w0", True)
+    r.feed.record_kv_gap("w0", False)
+    assert sample(reg, "sluice_router_kv_event_gaps_total", {"worker": "w0"}) == 2
+    assert sample(reg, "sluice_router_kv_event_replays_total", {"worker": "w0"}) == 1
+    # A report racing a removal must not bring the removed worker's series back.
+    r.remove_worker("w1")
+    r.feed.apply_kv_batch("w1", decode_vllm_batch(g.batch([g.stored([b"h1"], None, SYSTEM[:4], 4)])))
+    r.feed.record_kv_gap("w1", True)
+    r.feed.apply_scrape("w1", ScrapedMetrics(running=1))
+    r.feed.record_health_check("w1", False)
+    assert sample(reg, "sluice_router_kv_event_lag_seconds", {"worker": "w1"}) is None
+    assert sample(reg, "sluice_router_kv_event_gaps_total", {"worker": "w1"}) is None
+    assert [s.name for s in r.workers()] == ["w0"]
