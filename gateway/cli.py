@@ -15,7 +15,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from engines.classic.manager import CONTROL_MODES
-from router.config import POLICIES
+from router import POLICIES
 
 _UNSET = argparse.SUPPRESS
 

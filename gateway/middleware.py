@@ -53,9 +53,7 @@ class SluiceMiddleware:
         status = {"code": 0}
         size = {"bytes": 0}
         declared = headers.get("content-length")
-        if declared and declared.isdigit() and int(declared) > self.max_body_bytes:
-            await self._too_large(scope, send, request_id)
-            return
+        too_large = bool(declared and declared.isdigit() and int(declared) > self.max_body_bytes)
 
         async def limited_receive() -> Message:
             message = await receive()
@@ -74,6 +72,8 @@ class SluiceMiddleware:
             await send(message)
 
         try:
+            if too_large:
+                raise BodyTooLarge(self.max_body_bytes)
             await self.app(scope, limited_receive, tagged_send)
         except BodyTooLarge:
             if status["code"] == 0:

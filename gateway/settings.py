@@ -7,7 +7,6 @@ is read from the environment by pydantic-settings (e.g. `SLUICE_HTTP_PORT=9000`,
 
 from __future__ import annotations
 
-from dataclasses import fields
 from pathlib import Path
 
 from pydantic import Field, model_validator
@@ -15,10 +14,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from engines.classic.manager import CONTROL_MODES
 from gateway.llm.admission import AdmissionConfig
-from router import CostWeights, RouterConfig
-from router.redis_state import RedisStateConfig
-
-COST_WEIGHT_NAMES: tuple[str, ...] = tuple(f.name for f in fields(CostWeights))
+from router import COST_WEIGHT_NAMES, DEFAULT_POLICY, CostWeights, RouterConfig, validate_redis_url
 
 
 class Settings(BaseSettings):
@@ -35,7 +31,7 @@ class Settings(BaseSettings):
     workers: tuple[str, ...] = ()  # remote worker URLs (--worker [NAME=]URL)
     workers_file: Path | None = None  # YAML list of worker records
     redis_url: str | None = None  # share routing state between gateway replicas
-    routing_policy: str = RouterConfig().policy
+    routing_policy: str = DEFAULT_POLICY
     routing_weights: dict[str, float] | None = None  # prefix-policy cost weights; None: the router's defaults
     max_running: int = Field(default=AdmissionConfig().max_running, ge=1)  # admitted requests per model
     max_queued: int = Field(default=AdmissionConfig().max_queued, ge=0)  # waiting requests per model before 503
@@ -62,7 +58,7 @@ class Settings(BaseSettings):
                              f"got {self.model_control_mode!r}")
         self.router_config()
         if self.redis_url is not None:
-            RedisStateConfig(url=self.redis_url)
+            validate_redis_url(self.redis_url)
         return self
 
     def router_config(self) -> RouterConfig:

@@ -79,12 +79,16 @@ def model_config(manager: ModelRepositoryManager, llm: Any, name: str, version: 
 
 def model_ready(manager: ModelRepositoryManager, llm: Any, name: str, version: str) -> bool:
     if is_llm(manager, llm, name):
-        return True
+        return bool(llm.registry.has(name) and llm.registry.get(name).backend.ready())
     return manager.model_ready(name, version or None)
 
 
 def is_llm(manager: ModelRepositoryManager, llm: Any, name: str) -> bool:
-    return llm is not None and name not in manager.model_names() and llm.registry.has(name)
+    """Served by the LLM path: a registered LLM, or a name still loading that the
+    classic manager does not hold (so the LLM path answers MODEL_LOADING, 503)."""
+    if llm is None or name in manager.model_names():
+        return False
+    return llm.registry.has(name) or name in llm.registry.pending
 
 
 def repository_index(manager: ModelRepositoryManager, llm: Any, ready_only: bool) -> list[dict[str, str]]:

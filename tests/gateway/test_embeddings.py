@@ -45,6 +45,17 @@ def test_single_string_and_token_ids(sdk: openai.OpenAI) -> None:
     np.testing.assert_allclose(ids.data[0].embedding, one, atol=1e-5)
 
 
+def test_more_inputs_than_the_model_batch_are_split(sdk: openai.OpenAI) -> None:
+    """OpenAI accepts 2,048 inputs; the model's max_batch_size is 64. 150 inputs come back
+    in order, each equal to its embedding computed alone."""
+    texts = [f"sentence number {i} about {'cats' if i % 2 else 'markets'}" for i in range(150)]
+    many = sdk.embeddings.create(model=MODEL, input=texts, encoding_format="float")
+    assert [d.index for d in many.data] == list(range(150))
+    for i in (0, 63, 64, 149):
+        alone = sdk.embeddings.create(model=MODEL, input=texts[i], encoding_format="float").data[0].embedding
+        np.testing.assert_allclose(many.data[i].embedding, alone, atol=1e-5)
+
+
 def test_bad_inputs(sdk: openai.OpenAI) -> None:
     with pytest.raises(openai.BadRequestError) as e:
         sdk.embeddings.create(model=MODEL, input="word " * 600)

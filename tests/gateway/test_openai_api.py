@@ -115,6 +115,20 @@ def test_prompt_tokens_match_tokenize(llm_server: Server) -> None:
     assert "What is the capital of France?" in back["prompt"]
 
 
+def test_tokenize_renders_chat_exactly_as_chat_does(llm_server: Server) -> None:
+    """/tokenize takes the same template inputs as chat (here continue_final_message),
+    so its ids are the ids the engine is sent."""
+    messages = [*FRANCE, {"role": "assistant", "content": "The capital of France is"}]
+    extra = {"continue_final_message": True, "add_generation_prompt": False}
+    tok = httpx.post(llm_server.url + "/tokenize", json={"model": LLM_NAME, "messages": messages, **extra}).json()
+    plain = httpx.post(llm_server.url + "/tokenize", json={"model": LLM_NAME, "messages": messages}).json()
+    r = client(llm_server).chat.completions.create(model=LLM_NAME, messages=messages, temperature=0, max_tokens=4,
+                                                   extra_body=extra)
+    assert r.usage.prompt_tokens == tok["count"] != plain["count"]
+    back = httpx.post(llm_server.url + "/detokenize", json={"model": LLM_NAME, "tokens": tok["tokens"]}).json()
+    assert back["prompt"].endswith("The capital of France is")
+
+
 def test_max_tokens_length_and_stop_string(llm_server: Server) -> None:
     c = client(llm_server)
     r = c.chat.completions.create(model=LLM_NAME, messages=FRANCE, temperature=0, max_tokens=3)
@@ -188,6 +202,11 @@ def test_metrics_exported(llm_server: Server) -> None:
 
 def test_prompts_are_not_logged(llm_server: Server) -> None:
     marker = "zebra-quartz-7731"
+    rid = "log-check-5b1e"
     client(llm_server).chat.completions.create(
-        model=LLM_NAME, messages=[{"role": "user", "content": f"Repeat {marker}"}], max_tokens=2)
-    assert marker not in llm_server.log()
+        model=LLM_NAME, messages=[{"role": "user", "content": f"Repeat {marker}"}], max_tokens=2,
+        extra_headers={"X-Request-Id": rid})
+    log = llm_server.log()
+    # The request was logged (so the check below is not vacuous), its prompt was not.
+    assert any("POST /v1/chat/completions 200" in line for line in log.splitlines())
+    assert marker not in log

@@ -34,6 +34,24 @@ def _models(server: Server) -> list[str]:
     return [m["id"] for m in httpx.get(server.url + "/v1/models").json()["data"]]
 
 
+def _no_worker_answers(front: Server, sdk: openai.OpenAI) -> None:
+    """With its only worker drained, a model has no worker: 503 in each protocol, with a
+    message and no stack trace; undraining serves again."""
+    assert httpx.post(f"{front.url}/v1/admin/workers/tf-worker-a/drain").status_code == 200
+    try:
+        r = httpx.post(f"{front.url}/v2/models/{LLM_NAME}/generate", json={"text_input": "Hi"})
+        assert r.status_code == 503, r.text
+        assert "worker" in r.json()["error"] and "Traceback" not in r.text
+        with pytest.raises(openai.InternalServerError) as err:
+            sdk.chat.completions.create(model=LLM_NAME, max_tokens=4, messages=[{"role": "user", "content": "Hi"}])
+        assert err.value.status_code == 503 and err.value.body["code"] == "no_worker"
+    finally:
+        httpx.post(f"{front.url}/v1/admin/workers/tf-worker-a/drain?undo=1")
+    r = httpx.post(f"{front.url}/v2/models/{LLM_NAME}/generate", timeout=120,
+                   json={"text_input": "The capital of France is", "parameters": {"max_tokens": 4}})
+    assert r.status_code == 200, r.text
+
+
 def test_worker_registers_serves_and_deregisters(front: Server, tmp_path: Path) -> None:
     port = free_port()
     log = (tmp_path / "worker.log").open("wb")
@@ -44,7 +62,9 @@ def test_worker_registers_serves_and_deregisters(front: Server, tmp_path: Path) 
     worker = Server(proc, port, 0, tmp_path / "worker.log")
     try:
         wait_healthy(worker, 240)
-        assert "vllm" not in httpx.get(worker.url + "/metrics").text  # its own Prometheus endpoint
+        own = httpx.get(worker.url + "/metrics")  # its own Prometheus endpoint, not vLLM's
+        assert own.status_code == 200 and "sluice_engine_requests_running" in own.text
+        assert "vllm:" not in own.text
         for _ in range(100):  # registration follows readiness
             if LLM_NAME in _models(front):
                 break
@@ -56,6 +76,7 @@ def test_worker_registers_serves_and_deregisters(front: Server, tmp_path: Path) 
             messages=[{"role": "user", "content": "What is the capital of France?"}])
         assert raw.headers["x-sluice-worker"] == "tf-worker-a"
         assert "Paris" in raw.parse().choices[0].message.content
+        _no_worker_answers(front, sdk)
         proc.send_signal(signal.SIGINT)
         proc.wait(timeout=30)
         assert _models(front) == []

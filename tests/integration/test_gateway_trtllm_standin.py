@@ -27,6 +27,9 @@ pytestmark = pytest.mark.integration
 
 STANDIN = ROOT / "tests" / "standins" / "trtllm_standin.py"
 MODEL = "standin-model"
+# Below the 2,048 tokens the gateway assumes for a worker whose /v1/models has no max_model_len,
+# so that a refusal for length comes from the worker and is relayed, not made by the gateway.
+WORKER_CONTEXT = 1024
 
 
 @pytest.fixture(scope="module")
@@ -37,7 +40,7 @@ def standin_gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server
     env = dict(os.environ, SLUICE_TRTLLM_SERVE=f"{sys.executable} {STANDIN} --token-delay-s 0.01")
     proc = subprocess.Popen(
         [sys.executable, "-m", "engines.launchers", "--engine", "trtllm", "--model", str(model_dir),
-         "--served-model-name", MODEL, "--port", str(port), "--max-model-len", "2048"],
+         "--served-model-name", MODEL, "--port", str(port), "--max-model-len", str(WORKER_CONTEXT)],
         cwd=ROOT, env=env, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     gateway = None
@@ -95,8 +98,10 @@ def test_standin_cached_tokens_and_kv_events_reach_the_gateway(standin_gateway: 
     assert grown > 0
 
 
-def test_standin_refusal_is_an_openai_error(standin_gateway: Server) -> None:
+def test_standin_refusal_is_relayed_as_an_openai_error(standin_gateway: Server) -> None:
     with pytest.raises(openai.BadRequestError) as e:
-        sdk(standin_gateway).completions.create(model=MODEL, prompt=list(range(10)), max_tokens=5000)
+        sdk(standin_gateway).completions.create(model=MODEL, prompt=list(range(10)), max_tokens=1500)
     assert e.value.status_code == 400
-    assert set(e.value.response.json()["error"]) == {"message", "type", "param", "code"}
+    error = e.value.response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert f"max_seq_len {WORKER_CONTEXT}" in error["message"]  # the worker's own words
