@@ -22,15 +22,15 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tests.integration.kserve_support import CACHE, REPO_SRC, Server, _wait_ready, free_port  # noqa: E402
+from tests.integration.kserve_support import CACHE, REPO_SRC, Server, _wait_ready, free_port
 
 CONCURRENCY = (1, 8, 32)
 DYN = "dynamic_batching { max_queue_delay_microseconds: 500 }"
@@ -213,7 +213,8 @@ def main() -> None:
                       f"p99 {result['p99_ms']} ms  batch {result.get('avg_batch_rows', '-')}", flush=True)
             series.append({"name": name, "model": model, "results": results})
         report = {
-            "benchmark": "classic digits_onnx", "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
+            "benchmark": "classic digits_onnx",
+            "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
             "settings": {"duration_s": args.duration_s, "max_requests": args.max_requests,
                          "rows_per_request": 1, "dynamic_batching": DYN, "instances": 1},
             "series": series, "summary": summarise(series),

@@ -37,9 +37,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Awaitable, Callable
 
 import httpx
 
@@ -137,7 +137,7 @@ def start_server(scratch: Path, max_batch_size: int) -> tuple[subprocess.Popen[b
     repo = scratch / "repo"
     shutil.copytree(ROOT / "model_repository" / MODEL, repo / MODEL)
     port = free_port()
-    log = open(scratch / "server.log", "wb")
+    log = open(scratch / "server.log", "wb")  # noqa: SIM115 (the server process writes to it until stopped)
     proc = subprocess.Popen([sys.executable, "-m", "gateway.cli", "serve", "--host", "127.0.0.1", "--http-port",
                              str(port), "--grpc-port", "0", "--model-repository", str(repo),
                              "--max-batch-size", str(max_batch_size), "--log-level", "warning"],

@@ -42,14 +42,14 @@ import httpx
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tests.integration.vllm_support import (free_port, free_port_pair, metric_value,  # noqa: E402
-                                            stop_process, wait_healthy)
+from tests.integration.vllm_support import free_port, free_port_pair, metric_value, stop_process, wait_healthy
 
 REPORT = ROOT / "loadtests" / "reports" / "routing.json"
 POLICIES = ("prefix", "round_robin", "least_load")
 SERVED = "bench-llm"
-WORDS = ("harbour tide cargo lantern ferry pier gull anchor rope mast sail compass chart reef beacon "
-         "keel hull storm calm dawn dusk north south east west island current wave").split()
+WORDS = ["harbour", "tide", "cargo", "lantern", "ferry", "pier", "gull", "anchor", "rope", "mast", "sail", "compass",
+         "chart", "reef", "beacon", "keel", "hull", "storm", "calm", "dawn", "dusk", "north", "south", "east", "west",
+         "island", "current", "wave"]
 
 
 def _spawn(argv: list[str], log: Path, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
@@ -200,7 +200,7 @@ def _plot(results: dict[str, dict[str, object]], path: Path, title: str) -> None
     p50 = [float(results[n]["ttft_p50_ms"]) for n in names]
     p95 = [float(results[n]["ttft_p95_ms"]) for n in names]
     axes[1].bar(names, p50)
-    axes[1].errorbar(names, p50, yerr=[[0] * len(p50), [b - a for a, b in zip(p50, p95)]], fmt="none",
+    axes[1].errorbar(names, p50, yerr=[[0] * len(p50), [b - a for a, b in zip(p50, p95, strict=True)]], fmt="none",
                      ecolor="k", capsize=4)
     axes[1].set_ylabel("TTFT ms (bar p50, whisker p95)")
     axes[2].bar(names, [results[n]["output_tokens_per_s"] for n in names])
@@ -227,7 +227,7 @@ def _start_workers(args: argparse.Namespace, scratch: Path, procs: list) -> list
                              "--served-model-name", SERVED, "--port", str(port), "--kv-events-port", str(kv_port),
                              "--max-model-len", "2048"], scratch / f"worker{i}.log", env))
         urls.append(f"http://127.0.0.1:{port}")
-    for url, proc in zip(urls, procs):
+    for url, proc in zip(urls, procs, strict=True):
         wait_healthy(url, proc, timeout_s=600.0)
     return urls
 

@@ -65,7 +65,8 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
             proc.wait()
 
 
-async def _one(client: httpx.AsyncClient, url: str, model: str, prompt: str, max_tokens: int) -> tuple[float, int, float]:
+async def _one(client: httpx.AsyncClient, url: str, model: str, prompt: str, max_tokens: int
+               ) -> tuple[float, int, float]:
     """(ttft_s, completion_tokens, total_s) for one streamed chat request."""
     body = {"model": model, "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens,
             "temperature": 0, "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
@@ -101,7 +102,8 @@ async def _measure(url: str, model: str, concurrency: int, requests: int, max_to
             "tokens_per_s": sum(r[1] for r in results) / wall, "requests": requests}
 
 
-async def _compare(worker: str, gateway: str, model: str, levels: list[int], max_tokens: int) -> list[dict[str, object]]:
+async def _compare(worker: str, gateway: str, model: str, levels: list[int], max_tokens: int
+                   ) -> list[dict[str, object]]:
     rows = []
     for i, c in enumerate(levels):
         n = max(8, 2 * c)
@@ -135,8 +137,8 @@ def _plot(rows: list[dict[str, object]], path: Path, title: str) -> None:
         p95 = [r[key]["ttft_p95_ms"] for r in rows]  # type: ignore[index]
         ax1.bar(xs, [r[key]["tokens_per_s"] for r in rows], 0.38, label=label)  # type: ignore[index]
         ax2.bar(xs, p50, 0.38, label=f"{label} p50")
-        ax2.errorbar(xs, p50, yerr=[[0] * len(p50), [b - a for a, b in zip(p50, p95)]], fmt="none", ecolor="k",
-                     capsize=4)
+        err = [[0] * len(p50), [b - a for a, b in zip(p50, p95, strict=True)]]
+        ax2.errorbar(xs, p50, yerr=err, fmt="none", ecolor="k", capsize=4)
     for ax, ylabel in ((ax1, "output tokens/s (aggregate)"), (ax2, "TTFT ms (bar p50, whisker p95)")):
         ax.set_xticks(x, [str(r["concurrency"]) for r in rows])
         ax.set_xlabel("concurrent streams")

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import os
 import shutil
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 # Bump when training or export changes: the cache key.
 BUILD_VERSION = "classic-v1"

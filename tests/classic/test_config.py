@@ -9,9 +9,8 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from engines.classic.batching import BatcherConfig
 from engines.classic.config import load_config
-from engines.classic.errors import ConfigError
+from engines.classic.errors import ConfigError, InferError
 from engines.classic.repository import select_versions, write_model_files
-from engines.classic.errors import InferError
 
 GOOD = '''
 backend: "onnxruntime"

@@ -41,16 +41,16 @@ async def test_concurrent_streams_share_a_batch_and_match_solo_runs(llm_server: 
 async def test_disconnect_aborts_engine_request(llm_server: Server) -> None:
     body = {"model": LLM_NAME, "messages": [{"role": "user", "content": "Write a long story."}],
             "max_tokens": 500, "temperature": 0, "ignore_eos": True, "stream": True}
-    async with httpx.AsyncClient(base_url=llm_server.url, timeout=120) as http:
-        async with http.stream("POST", "/v1/chat/completions", json=body) as r:
-            seen = 0
-            async for line in r.aiter_lines():
-                if line.startswith("data: ") and '"content"' in line:
-                    seen += 1
-                if seen >= 3:
-                    break
-            assert _metric(llm_server, "sluice_engine_requests_running") >= 1
-        # leaving the block closes the connection mid-stream
+    async with httpx.AsyncClient(base_url=llm_server.url, timeout=120) as http, \
+            http.stream("POST", "/v1/chat/completions", json=body) as r:
+        seen = 0
+        async for line in r.aiter_lines():
+            if line.startswith("data: ") and '"content"' in line:
+                seen += 1
+            if seen >= 3:
+                break
+        assert _metric(llm_server, "sluice_engine_requests_running") >= 1
+    # leaving the block closed the connection mid-stream
     deadline = time.monotonic() + 10
     while _metric(llm_server, "sluice_engine_requests_running") > 0 and time.monotonic() < deadline:
         await asyncio.sleep(0.1)

@@ -187,7 +187,7 @@ def test_grpc_stream_cancel_aborts_the_engine_request(llm_server: Server) -> Non
         client.async_stream_infer(LLM_NAME, [inp], request_id="long",
                                   parameters={"max_tokens": 1500, "ignore_eos": True, "temperature": 0})
         for _ in range(3):  # generation is under way
-            result, error = results.get(timeout=120)
+            _, error = results.get(timeout=120)
             assert error is None
         assert _engine_running(llm_server) >= 1
         client.stop_stream(cancel_requests=True)

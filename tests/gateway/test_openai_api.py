@@ -151,7 +151,7 @@ def test_stop_token_ids(llm_server: Server) -> None:
 
 def test_seed_reproducible_and_n(llm_server: Server) -> None:
     c = client(llm_server)
-    kw = dict(model=LLM_NAME, messages=FRANCE, temperature=1.0, top_p=0.95, max_tokens=16, seed=1234)
+    kw = {"model": LLM_NAME, "messages": FRANCE, "temperature": 1.0, "top_p": 0.95, "max_tokens": 16, "seed": 1234}
     a = c.chat.completions.create(**kw).choices[0].message.content
     b = c.chat.completions.create(**kw).choices[0].message.content
     assert a == b

@@ -99,23 +99,23 @@ async def test_queue_full_is_503_with_retry_after_and_pings(tight_server: Server
     and the queued one receives `: ping` comments while it waits."""
     body = {"model": LLM_NAME, "messages": MSG, "max_tokens": 120, "temperature": 0, "stream": True,
             "ignore_eos": True}
-    async with httpx.AsyncClient(base_url=tight_server.url, timeout=120) as http:
-        async with http.stream("POST", "/v1/chat/completions", json=body) as first:
-            assert first.status_code == 200
-            async with http.stream("POST", "/v1/chat/completions", json=body) as second:
-                assert second.status_code == 200
-                sdk = openai.AsyncOpenAI(base_url=tight_server.url + "/v1", api_key="unused", max_retries=0)
-                with pytest.raises(openai.InternalServerError) as refused:
-                    await sdk.chat.completions.create(model=LLM_NAME, messages=MSG, max_tokens=4)
-                assert refused.value.status_code == 503
-                assert int(refused.value.response.headers["retry-after"]) >= 1
-                assert _shape(refused.value.response.json())["code"] == "queue_full"
-                lines = []
-                async for line in second.aiter_lines():
-                    lines.append(line)
-                    if line.startswith("data: ") and "content" in line:
-                        break
-                assert any(line.startswith(": ping") for line in lines)
+    async with httpx.AsyncClient(base_url=tight_server.url, timeout=120) as http, \
+            http.stream("POST", "/v1/chat/completions", json=body) as first:
+        assert first.status_code == 200
+        async with http.stream("POST", "/v1/chat/completions", json=body) as second:
+            assert second.status_code == 200
+            sdk = openai.AsyncOpenAI(base_url=tight_server.url + "/v1", api_key="unused", max_retries=0)
+            with pytest.raises(openai.InternalServerError) as refused:
+                await sdk.chat.completions.create(model=LLM_NAME, messages=MSG, max_tokens=4)
+            assert refused.value.status_code == 503
+            assert int(refused.value.response.headers["retry-after"]) >= 1
+            assert _shape(refused.value.response.json())["code"] == "queue_full"
+            lines = []
+            async for line in second.aiter_lines():
+                lines.append(line)
+                if line.startswith("data: ") and "content" in line:
+                    break
+            assert any(line.startswith(": ping") for line in lines)
 
 
 def test_logprobs_unsupported_is_clear_400(llm_server: Server) -> None:

@@ -14,8 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.vllm_support import (ROOT, free_port_pair, stop_process, tiny_llama_dir, vllm_python,
-                                            wait_healthy)
+from tests.integration.vllm_support import ROOT, free_port_pair, stop_process, tiny_llama_dir, vllm_python, wait_healthy
 from tests.servers import Server, llm_only_repository, start_server
 
 MODEL = "tiny-llama"

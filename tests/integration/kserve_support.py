@@ -155,8 +155,10 @@ output [ { name: "OUTPUT__0" data_type: TYPE_FP32 dims: [ 3 ] } ]
 '''
 
 BAD_CONFIGS = {
-    "broken_config": 'name: "broken_config"\nbackend: "onnxruntime"\ninput [ { name: "x" data_type: TYPE_FP32 dims: [ 1 ',
-    "bad_dims": 'backend: "onnxruntime"\nmax_batch_size: 4\ninput [ { name: "input" data_type: TYPE_FP32 dims: [ 0 ] } ]\n'
+    "broken_config": 'name: "broken_config"\nbackend: "onnxruntime"\n'
+                     'input [ { name: "x" data_type: TYPE_FP32 dims: [ 1 ',
+    "bad_dims": 'backend: "onnxruntime"\nmax_batch_size: 4\n'
+                'input [ { name: "input" data_type: TYPE_FP32 dims: [ 0 ] } ]\n'
                 'output [ { name: "label" data_type: TYPE_INT64 dims: [ 1 ] } ]',
     "bad_dtype": 'backend: "onnxruntime"\ninput [ { name: "input" data_type: TYPE_FOO dims: [ 64 ] } ]\n'
                  'output [ { name: "label" data_type: TYPE_INT64 dims: [ 1 ] } ]',

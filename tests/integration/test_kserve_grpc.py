@@ -163,9 +163,8 @@ def test_bad_inputs(server, client):
     request = service_pb2.ModelInferRequest(model_name="digits_onnx")
     request.inputs.add(name="input", datatype="FP32", shape=[2, 64])
     request.raw_input_contents.append(X[:1].tobytes())  # half the bytes the shape needs
-    with grpc.insecure_channel(server.grpc_url) as channel:
-        with pytest.raises(grpc.RpcError) as rpc_err:
-            service_pb2_grpc.GRPCInferenceServiceStub(channel).ModelInfer(request)
+    with grpc.insecure_channel(server.grpc_url) as channel, pytest.raises(grpc.RpcError) as rpc_err:
+        service_pb2_grpc.GRPCInferenceServiceStub(channel).ModelInfer(request)
     assert rpc_err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "binary data size" in rpc_err.value.details()
 

