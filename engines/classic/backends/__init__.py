@@ -37,12 +37,3 @@ def create_instance(config: mc.ModelConfig, version_dir: Path, instance_index: i
         return load_python_instance(config, version_dir, instance_index, host)
     raise ConfigError(f"{version_dir.parent / 'config.pbtxt'}: field 'backend': no instance backend '{backend}'")
 
-
-def model_file(config: mc.ModelConfig, version_dir: Path, default: str) -> Path:
-    """The file a backend loads; raises ConfigError naming the config field when absent."""
-    name = config.default_model_filename or default
-    path = version_dir / name
-    if not path.exists():
-        field = "default_model_filename" if config.default_model_filename else "(default file)"
-        raise ConfigError(f"{version_dir.parent / 'config.pbtxt'}: field '{field}': model file {path} not found")
-    return path

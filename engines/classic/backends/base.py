@@ -14,6 +14,7 @@ from __future__ import annotations
 import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -21,12 +22,22 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from engines.classic.config import tensor_wire_type
 from engines.classic.dtypes import wire_to_numpy
-from engines.classic.errors import InferError, Code
+from engines.classic.errors import Code, ConfigError, InferError
 
 if TYPE_CHECKING:
     from engines.classic.request import InferRequest
 
 Result = "dict[str, np.ndarray] | InferError"
+
+
+def model_file(config: mc.ModelConfig, version_dir: Path, default: str) -> Path:
+    """The file a backend loads; raises ConfigError naming the config field when absent."""
+    name = config.default_model_filename or default
+    path = version_dir / name
+    if not path.exists():
+        field = "default_model_filename" if config.default_model_filename else "(default file)"
+        raise ConfigError(f"{version_dir.parent / 'config.pbtxt'}: field '{field}': model file {path} not found")
+    return path
 
 
 @dataclass(slots=True)

@@ -47,9 +47,7 @@ def bls_host(host: Any) -> Iterator[None]:
 
 
 def load_python_instance(config: mc.ModelConfig, version_dir: Path, index: int, host: Any) -> base.Backend:
-    from engines.classic.backends import model_file
-
-    path = model_file(config, version_dir, "model.py")
+    path = base.model_file(config, version_dir, "model.py")
     module = _import(path, config.name)
     args = {
         "model_config": to_json(config),

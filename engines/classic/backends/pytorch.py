@@ -11,15 +11,13 @@ from pathlib import Path
 import numpy as np
 from tritonclient.grpc import model_config_pb2 as mc
 
-from engines.classic.backends.base import StackedBackend
+from engines.classic.backends.base import StackedBackend, model_file
 from engines.classic.errors import ConfigError
 
 
 class TorchScriptBackend(StackedBackend):
     def __init__(self, config: mc.ModelConfig, version_dir: Path) -> None:
         super().__init__(config)
-        from engines.classic.backends import model_file
-
         try:
             import torch
         except ImportError:
