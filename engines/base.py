@@ -9,12 +9,11 @@ Nothing here imports torch, FastAPI or the router.
 
 from __future__ import annotations
 
-import time
-from dataclasses import dataclass, field
 from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
 
-from engines.errors import ErrorKind, SluiceError
+from engines.errors import SluiceError
 
 FinishReason = Literal["stop", "length", "abort", "error", "tool_calls"]
 
@@ -75,8 +74,6 @@ class EngineRequest:
     prompt_text: str | None = None
     lora: str | None = None
     cache_salt: str | None = None
-    priority: int = 0
-    arrival_time: float = field(default_factory=time.monotonic)
 
 
 @dataclass(slots=True)
@@ -104,7 +101,6 @@ class EngineStats:
     running: int  # requests currently in the running batch
     waiting: int  # requests admitted but not yet scheduled
     max_batch_size_seen: int = 0  # largest running batch since start (proves batching)
-    kv_usage: float = 0.0  # fraction of KV cache blocks in use, 0..1
 
 
 class EngineError(SluiceError):

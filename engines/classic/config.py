@@ -24,8 +24,6 @@ _PLATFORM_TO_BACKEND = {
     "ensemble": "ensemble",
 }
 SUPPORTED_BACKENDS = frozenset({"onnxruntime", "python", "pytorch", "ensemble", "llm"})
-# Default file a backend loads from a version directory when default_model_filename is unset.
-DEFAULT_FILENAMES = {"onnxruntime": "model.onnx", "python": "model.py", "pytorch": "model.pt"}
 
 
 def parse_text(text: str, source: str) -> ModelConfig:

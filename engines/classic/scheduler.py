@@ -75,9 +75,6 @@ class Scheduler:
             self._wake.set()  # let the driver drop the cancelled entry and free its queue slot now
             raise
 
-    def pending_count(self) -> int:
-        return len(self._queue)
-
     async def _drive(self) -> None:
         while True:
             self._wake.clear()

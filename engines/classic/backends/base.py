@@ -27,9 +27,6 @@ from engines.classic.errors import Code, ConfigError, InferError
 if TYPE_CHECKING:
     from engines.classic.request import InferRequest
 
-Result = "dict[str, np.ndarray] | InferError"
-
-
 def model_file(config: mc.ModelConfig, version_dir: Path, default: str) -> Path:
     """The file a backend loads; raises ConfigError naming the config field when absent."""
     name = config.default_model_filename or default
