@@ -7,8 +7,9 @@ lazily so that importing this module stays cheap.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 
 class ChatTokenizer:

@@ -21,18 +21,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 import numpy as np
-from tritonclient.grpc import model_config_pb2 as mc
 
 from engines.classic import repository as repo
-from engines.classic.config import ModelConfig, load_config, normalise, parse_json, validate
+from engines.classic.config import load_config, normalise, parse_json, validate
 from engines.classic.ensemble import step_models, validate_ensemble
 from engines.classic.errors import ConfigError, InferError, invalid, not_found, unavailable
 from engines.classic.model import ModelVersion
+from engines.classic.proto import ModelConfig
 from engines.classic.request import InferRequest
 from engines.classic.stats import StatsSnapshot
 
@@ -47,7 +48,7 @@ class ModelEntry:
     reason: str = ""
     config: ModelConfig | None = None
     versions: dict[str, ModelVersion] = field(default_factory=dict)
-    fingerprint: tuple = ()
+    fingerprint: tuple[tuple[str, int, int], ...] = ()
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
 
@@ -262,7 +263,7 @@ class ModelRepositoryManager:
             validate_ensemble(config, str(model_dir / "config.pbtxt"))
         return config
 
-    async def _load_dependencies(self, config: mc.ModelConfig, visiting: set[str]) -> None:
+    async def _load_dependencies(self, config: ModelConfig, visiting: set[str]) -> None:
         for dep in step_models(config):
             if dep in self._llm:
                 continue

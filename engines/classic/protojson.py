@@ -41,4 +41,4 @@ def _is_repeated(field: FieldDescriptor) -> bool:
     is_repeated = getattr(field, "is_repeated", None)  # protobuf >= 6 deprecates .label
     if is_repeated is not None:
         return bool(is_repeated)
-    return field.label == FieldDescriptor.LABEL_REPEATED
+    return bool(field.label == FieldDescriptor.LABEL_REPEATED)

