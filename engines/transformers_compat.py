@@ -2,8 +2,9 @@
 
 The public API of `ContinuousBatchingManager` (`init_continuous_batching`, `start`,
 `add_request`, `register_result_handler`, `cancel_request`, `stop`, `is_running`)
-covers submitting, streaming and cancelling. Three needs of the transformers engine
-are not covered, and are met by touching these internals, here and nowhere else:
+covers submitting, streaming and cancelling. What the transformers engine needs beyond
+that (seeded sampling, batch sizes, a sink for late outputs) is met by touching these
+internals, here and nowhere else:
 
 - `ContinuousBatchingManager.logit_processor`, a `ContinuousBatchingLogitsProcessorList`:
   its `logits_processor` list, `tensors_required`, `supported_keys` and `do_processing`.
@@ -31,22 +32,20 @@ from collections.abc import Callable, Mapping
 from importlib.metadata import version
 from typing import TYPE_CHECKING, Any
 
-from packaging.version import Version
-
 if TYPE_CHECKING:
     from transformers import ContinuousBatchingManager
     from transformers.generation.continuous_batching.continuous_api import ContinuousBatchProcessor
     from transformers.generation.continuous_batching.requests import FutureRequestState, GenerationOutput
 
-TESTED_MIN = Version("5.24")
-TESTED_BELOW = Version("5.25")
-TESTED_RANGE = f">={TESTED_MIN},<{TESTED_BELOW}"
+TESTED_RANGE = ">=5.24,<5.25"
 
 
 def check_version(installed: str | None = None) -> None:
-    """Raise RuntimeError unless the installed transformers is in the tested range."""
+    """Raise RuntimeError unless the installed transformers (or `installed`) is in the tested range."""
+    from packaging.specifiers import SpecifierSet
+
     found = installed if installed is not None else version("transformers")
-    if not TESTED_MIN <= Version(found) < TESTED_BELOW:
+    if found not in SpecifierSet(TESTED_RANGE):
         raise RuntimeError(
             f"the transformers engine is tested with transformers {TESTED_RANGE}, but {found} is installed; "
             "it relies on continuous-batching internals that change between releases "
