@@ -9,12 +9,11 @@ Nothing here imports torch, FastAPI or the router.
 
 from __future__ import annotations
 
-import time
-from dataclasses import dataclass, field
 from collections.abc import AsyncGenerator
+from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
 
-from engines.errors import ErrorKind, SluiceError
+from engines.errors import SluiceError
 
 FinishReason = Literal["stop", "length", "abort", "error", "tool_calls"]
 
@@ -71,12 +70,8 @@ class EngineRequest:
     kind: Literal["chat", "completion"] = "completion"
     # OpenAI chat body to forward to a remote worker (model name already rewritten).
     chat_body: dict[str, Any] | None = None
-    # Original completion prompt when the client sent text (remote workers get ids anyway).
-    prompt_text: str | None = None
     lora: str | None = None
     cache_salt: str | None = None
-    priority: int = 0
-    arrival_time: float = field(default_factory=time.monotonic)
 
 
 @dataclass(slots=True)
@@ -104,7 +99,6 @@ class EngineStats:
     running: int  # requests currently in the running batch
     waiting: int  # requests admitted but not yet scheduled
     max_batch_size_seen: int = 0  # largest running batch since start (proves batching)
-    kv_usage: float = 0.0  # fraction of KV cache blocks in use, 0..1
 
 
 class EngineError(SluiceError):

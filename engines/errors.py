@@ -9,10 +9,10 @@ code below the edges knows an HTTP status.
 
 from __future__ import annotations
 
-from enum import Enum
+from enum import StrEnum
 
 
-class ErrorKind(str, Enum):
+class ErrorKind(StrEnum):
     # The request is wrong; retrying it unchanged fails again.
     INVALID_ARG = "INVALID_ARG"
     CONTEXT_TOO_LONG = "CONTEXT_TOO_LONG"

@@ -10,42 +10,47 @@ are untouched.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, ClassVar
 
 import torch
 
-_NO_SEED = -1
+from engines import transformers_compat as compat
+from engines.transformers_requests import NO_SEED
+
+if TYPE_CHECKING:
+    from transformers import ContinuousBatchingManager
+    from transformers.generation.continuous_batching.requests import FutureRequestState
 
 
 class SeededSampler:
     """A ContinuousBatchingLogitsProcessor (duck-typed) keyed by `sluice_seed`."""
 
-    supported_kwargs: dict[str, type] = {"sluice_seed": int}
-    ignored_kwargs: tuple[str, ...] = ()
+    supported_kwargs: ClassVar[dict[str, type]] = {"sluice_seed": int}
+    ignored_kwargs: ClassVar[tuple[str, ...]] = ()
 
     def fill_defaults(self, int32_tensor: torch.Tensor) -> None:
-        int32_tensor.fill_(_NO_SEED)
+        int32_tensor.fill_(NO_SEED)
 
-    def prepare_tensor_args(self, requests_with_new_token: list[Any]) -> torch.Tensor:
+    def prepare_tensor_args(self, requests_with_new_token: list[FutureRequestState]) -> torch.Tensor:
         args = []
         for request in requests_with_new_token:
-            seed = int(request.state.logit_processor_kwargs.get("sluice_seed", _NO_SEED))
+            seed = int(compat.request_kwargs(request).get("sluice_seed", NO_SEED))
             if seed < 0:
-                args.append(_NO_SEED)
+                args.append(NO_SEED)
             else:
                 # Mix in the step so each position draws fresh randomness,
                 # deterministically; keep it a non-negative int32.
-                step = len(request.state.generated_tokens)
+                step = compat.generated_count(request)
                 args.append((seed * 1_000_003 + step * 7919) & 0x7FFFFFFF)
         return torch.tensor(args, dtype=torch.int32)
 
     def __call__(self, scores: torch.Tensor, tensor_arg: torch.Tensor) -> torch.Tensor:
         seeds = tensor_arg[: scores.size(0)].tolist()
-        if all(s == _NO_SEED for s in seeds):
+        if all(s == NO_SEED for s in seeds):
             return scores
         scores = scores.clone()
         for row, seed in enumerate(seeds):
-            if seed == _NO_SEED:
+            if seed == NO_SEED:
                 continue
             probs = torch.softmax(scores[row].float(), dim=-1)
             gen = torch.Generator(device="cpu").manual_seed(int(seed))
@@ -56,15 +61,6 @@ class SeededSampler:
         return scores
 
 
-def install_seeded_sampler(manager: Any) -> None:
-    """Append the sampler to a manager's processor list before `start()` sizes its buffers."""
-    from transformers.generation.continuous_batching.cb_logits_processors import (
-        ContinuousBatchingLogitsProcessor,
-    )
-
-    ContinuousBatchingLogitsProcessor.register(SeededSampler)
-    plist = manager.logit_processor
-    plist.logits_processor.append(SeededSampler())
-    plist.tensors_required += 1
-    plist.supported_keys.update(SeededSampler.supported_kwargs)
-    plist.do_processing = True
+def install_seeded_sampler(manager: ContinuousBatchingManager) -> None:
+    """Add the sampler to a manager's logits chain, last; before `start()`."""
+    compat.add_logits_processor(manager, SeededSampler(), SeededSampler.supported_kwargs)

@@ -7,8 +7,9 @@ lazily so that importing this module stays cheap.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 
 class ChatTokenizer:
@@ -55,6 +56,3 @@ class ChatTokenizer:
 
     def decode(self, ids: Sequence[int], *, skip_special_tokens: bool = True) -> str:
         return str(self._tok.decode(list(ids), skip_special_tokens=skip_special_tokens))
-
-    def id_to_token(self, token_id: int) -> str:
-        return str(self._tok.convert_ids_to_tokens(token_id))

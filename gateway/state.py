@@ -18,7 +18,7 @@ from router import Router
 
 if TYPE_CHECKING:
     from engines.classic.manager import ModelRepositoryManager
-    from gateway.openai.embeddings import EmbeddingBridge
+    from gateway.embeddings import EmbeddingBridge
 
 
 @dataclass(slots=True)

@@ -14,10 +14,11 @@ Times are monotonic nanoseconds supplied by the caller, so tests drive the clock
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Hashable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Hashable, Mapping
+from typing import Any
 
-from tritonclient.grpc import model_config_pb2 as mc
+from engines.classic.proto import QUEUE_POLICY_REJECT, ModelConfig, ModelQueuePolicy
 
 
 class QueueFull(Exception):
@@ -36,12 +37,12 @@ class QueuePolicy:
             raise ValueError("max_queue_size and default_timeout_us must be >= 0")
 
     @classmethod
-    def from_proto(cls, policy: mc.ModelQueuePolicy) -> QueuePolicy:
+    def from_proto(cls, policy: ModelQueuePolicy) -> QueuePolicy:
         return cls(
             max_queue_size=policy.max_queue_size,
             default_timeout_us=policy.default_timeout_microseconds,
             allow_timeout_override=policy.allow_timeout_override,
-            reject_on_timeout=policy.timeout_action == mc.ModelQueuePolicy.REJECT,
+            reject_on_timeout=policy.timeout_action == QUEUE_POLICY_REJECT,
         )
 
     def timeout_us(self, requested_us: int) -> int:
@@ -71,7 +72,7 @@ class BatcherConfig:
             raise ValueError("default_priority_level must be in [1, priority_levels]")
 
     @classmethod
-    def from_model_config(cls, config: mc.ModelConfig) -> BatcherConfig:
+    def from_model_config(cls, config: ModelConfig) -> BatcherConfig:
         if not config.HasField("dynamic_batching"):
             return cls(max_batch_size=config.max_batch_size)
         db = config.dynamic_batching
@@ -211,3 +212,4 @@ def _trim(chosen: list[Entry], limit: int) -> list[Entry]:
         out.append(entry)
         total += entry.batch_size
     return out
+

@@ -10,12 +10,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from google.protobuf import json_format, text_format
-from tritonclient.grpc import model_config_pb2 as mc
 
-from engines.classic.dtypes import config_to_wire, WIRE_TYPES
+from engines.classic.dtypes import WIRE_TYPES, config_to_wire
 from engines.classic.errors import ConfigError
-
-ModelConfig = mc.ModelConfig
+from engines.classic.proto import TYPE_INVALID, ModelConfig, ModelTensor, data_type_name, new_model_config
 
 # Triton platform names that select one of our backends.
 _PLATFORM_TO_BACKEND = {
@@ -24,13 +22,11 @@ _PLATFORM_TO_BACKEND = {
     "ensemble": "ensemble",
 }
 SUPPORTED_BACKENDS = frozenset({"onnxruntime", "python", "pytorch", "ensemble", "llm"})
-# Default file a backend loads from a version directory when default_model_filename is unset.
-DEFAULT_FILENAMES = {"onnxruntime": "model.onnx", "python": "model.py", "pytorch": "model.pt"}
 
 
 def parse_text(text: str, source: str) -> ModelConfig:
     """Parse config.pbtxt text; `source` names the file in error messages."""
-    config = ModelConfig()
+    config = new_model_config()
     try:
         text_format.Parse(text, config)
     except text_format.ParseError as exc:
@@ -40,7 +36,7 @@ def parse_text(text: str, source: str) -> ModelConfig:
 
 def parse_json(text: str | bytes, source: str) -> ModelConfig:
     """Parse a JSON ModelConfig (the `config` override of a repository load)."""
-    config = ModelConfig()
+    config = new_model_config()
     try:
         json_format.Parse(text, config)
     except json_format.ParseError as exc:
@@ -107,13 +103,13 @@ def validate(config: ModelConfig, source: str) -> None:
             raise ConfigError(f"{source}: field 'instance_group[{i}].count': must be >= 0, got {group.count}")
 
 
-def _validate_tensor(kind: str, tensor: mc.ModelInput | mc.ModelOutput, source: str) -> None:
+def _validate_tensor(kind: str, tensor: ModelTensor, source: str) -> None:
     where = f"{kind} '{tensor.name}': field '"
     if not tensor.name:
         raise ConfigError(f"{source}: field '{kind}.name': every {kind} needs a name")
-    if tensor.data_type == mc.TYPE_INVALID:
+    if tensor.data_type == TYPE_INVALID:
         raise ConfigError(f"{source}: {where}data_type': missing or TYPE_INVALID")
-    wire = config_to_wire(mc.DataType.Name(tensor.data_type))
+    wire = config_to_wire(data_type_name(tensor.data_type))
     if wire not in WIRE_TYPES:
         raise ConfigError(f"{source}: {where}data_type': unsupported data type '{wire}'")
     if not tensor.dims and not tensor.HasField("reshape"):
@@ -133,12 +129,12 @@ def _validate_batcher(config: ModelConfig, source: str) -> None:
                 f"{source}: field 'dynamic_batching.preferred_batch_size': {size} must be in "
                 f"[1, max_batch_size={config.max_batch_size}]"
             )
-    if db.priority_levels and not 0 < db.default_priority_level <= db.priority_levels:
-        if db.default_priority_level != 0:
-            raise ConfigError(
-                f"{source}: field 'dynamic_batching.default_priority_level': "
-                f"{db.default_priority_level} must be in [1, priority_levels={db.priority_levels}]"
-            )
+    level = db.default_priority_level
+    if db.priority_levels and level != 0 and not 0 < level <= db.priority_levels:
+        raise ConfigError(
+            f"{source}: field 'dynamic_batching.default_priority_level': "
+            f"{level} must be in [1, priority_levels={db.priority_levels}]"
+        )
     for level in db.priority_queue_policy:
         if not 0 < level <= db.priority_levels:
             raise ConfigError(
@@ -147,10 +143,10 @@ def _validate_batcher(config: ModelConfig, source: str) -> None:
             )
 
 
-def tensor_wire_type(tensor: mc.ModelInput | mc.ModelOutput) -> str:
-    return config_to_wire(mc.DataType.Name(tensor.data_type))
+def tensor_wire_type(tensor: ModelTensor) -> str:
+    return config_to_wire(data_type_name(tensor.data_type))
 
 
 def to_json(config: ModelConfig) -> str:
     """Triton's JSON form of the config (what python models receive as args['model_config'])."""
-    return json_format.MessageToJson(config, preserving_proto_field_name=True)
+    return str(json_format.MessageToJson(config, preserving_proto_field_name=True))

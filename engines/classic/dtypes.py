@@ -50,10 +50,6 @@ def config_to_wire(config_type: str) -> str:
     return "BYTES" if name == "STRING" else name
 
 
-def wire_to_config(wire: str) -> str:
-    return "TYPE_STRING" if wire == "BYTES" else f"TYPE_{wire}"
-
-
 def element_size(wire: str) -> int:
     """Bytes per element for fixed-size types; 0 for BYTES."""
     return 0 if wire == "BYTES" else _WIRE_TO_NP[wire].itemsize

@@ -11,13 +11,13 @@ import asyncio
 from typing import Any
 
 import numpy as np
-from tritonclient.grpc import model_config_pb2 as mc
 
 from engines.classic.errors import Code, ConfigError, InferError
+from engines.classic.proto import EnsembleStep, ModelConfig
 from engines.classic.request import InferRequest
 
 
-def validate_ensemble(config: mc.ModelConfig, source: str) -> None:
+def validate_ensemble(config: ModelConfig, source: str) -> None:
     """Static checks: every step input is produced by an ensemble input or an earlier step."""
     steps = config.ensemble_scheduling.step
     if not steps:
@@ -38,19 +38,19 @@ def validate_ensemble(config: mc.ModelConfig, source: str) -> None:
             if tensor not in known:
                 raise ConfigError(f"{source}: field 'ensemble_scheduling.step[{i}].input_map': '{model_input}' "
                                   f"reads '{tensor}', which no ensemble input or step produces")
-    for out in config.output:
-        if out.name not in produced:
-            raise ConfigError(f"{source}: field 'output': ensemble output '{out.name}' is not produced by any step")
+    for output in config.output:
+        if output.name not in produced:
+            raise ConfigError(f"{source}: field 'output': ensemble output '{output.name}' is not produced by any step")
 
 
-def step_models(config: mc.ModelConfig) -> list[str]:
+def step_models(config: ModelConfig) -> list[str]:
     return list(dict.fromkeys(s.model_name for s in config.ensemble_scheduling.step))
 
 
 class EnsembleRunner:
     """Runs one ensemble request. `host.infer(...)` is the manager's infer API."""
 
-    def __init__(self, config: mc.ModelConfig, host: Any) -> None:
+    def __init__(self, config: ModelConfig, host: Any) -> None:
         self.config = config
         self._host = host
 
@@ -63,13 +63,13 @@ class EnsembleRunner:
                 raise InferError(f"ensemble '{self.config.name}' cannot make progress: missing tensors",
                                  Code.INTERNAL)
             results = await asyncio.gather(*(self._step(s, tensors, request) for s in ready))
-            for step, produced in zip(ready, results):
+            for step, produced in zip(ready, results, strict=True):
                 tensors.update(produced)
                 pending.remove(step)
         wanted = request.outputs if request.outputs is not None else [t.name for t in self.config.output]
         return {name: tensors[name] for name in wanted}
 
-    async def _step(self, step: mc.ModelEnsembling.Step, tensors: dict[str, np.ndarray],
+    async def _step(self, step: EnsembleStep, tensors: dict[str, np.ndarray],
                     request: InferRequest) -> dict[str, np.ndarray]:
         inputs = {model_input: tensors[name] for model_input, name in step.input_map.items()}
         version = str(step.model_version) if step.model_version > 0 else ""

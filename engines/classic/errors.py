@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from engines.errors import ErrorKind, SluiceError
 
-
 # Triton's status codes are a subset of the domain's kinds.
 Code = ErrorKind
 

@@ -21,18 +21,20 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 import numpy as np
-from tritonclient.grpc import model_config_pb2 as mc
 
 from engines.classic import repository as repo
-from engines.classic.config import ModelConfig, load_config, normalise, parse_json, validate
-from engines.classic.ensemble import step_models, validate_ensemble
+from engines.classic.config import parse_json
+from engines.classic.ensemble import step_models
 from engines.classic.errors import ConfigError, InferError, invalid, not_found, unavailable
+from engines.classic.loading import load_versions, read_config
 from engines.classic.model import ModelVersion
+from engines.classic.proto import ModelConfig
 from engines.classic.request import InferRequest
 from engines.classic.stats import StatsSnapshot
 
@@ -47,7 +49,7 @@ class ModelEntry:
     reason: str = ""
     config: ModelConfig | None = None
     versions: dict[str, ModelVersion] = field(default_factory=dict)
-    fingerprint: tuple = ()
+    fingerprint: tuple[tuple[str, int, int], ...] = ()
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
 
@@ -221,22 +223,14 @@ class ModelRepositoryManager:
         async with entry.lock:
             model_dir = self.repo_dir / name
             try:
-                config = self._read_config(model_dir, override)
+                config = read_config(model_dir, override)
                 if config.backend == "llm":
                     self._llm[name] = config
                     self._models.pop(name, None)
                     return
                 if config.backend == "ensemble":
                     await self._load_dependencies(config, visiting)
-                versions = repo.select_versions(config, model_dir)
-                loaded = {}
-                try:
-                    for v in versions:
-                        loaded[str(v)] = await ModelVersion.load(config, model_dir / str(v), self)
-                except BaseException:
-                    for mv in loaded.values():
-                        await mv.close()
-                    raise
+                loaded = await load_versions(config, model_dir, self)
             except ConfigError as exc:
                 log.warning("model %s failed to load: %s", name, exc)
                 await self._close_versions(entry)
@@ -250,19 +244,7 @@ class ModelRepositoryManager:
                 await mv.close()
             log.info("model %s loaded, versions %s", name, sorted(loaded, key=int))
 
-    def _read_config(self, model_dir: Path, override: ModelConfig | None) -> ModelConfig:
-        if override is None:
-            config = load_config(model_dir)
-        else:
-            config = override
-            source = f"load request for '{model_dir.name}' (config parameter)"
-            normalise(config, model_dir.name, source)
-            validate(config, source)
-        if config.backend == "ensemble":
-            validate_ensemble(config, str(model_dir / "config.pbtxt"))
-        return config
-
-    async def _load_dependencies(self, config: mc.ModelConfig, visiting: set[str]) -> None:
+    async def _load_dependencies(self, config: ModelConfig, visiting: set[str]) -> None:
         for dep in step_models(config):
             if dep in self._llm:
                 continue

@@ -8,17 +8,17 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from tritonclient.grpc import model_config_pb2 as mc
 
 from engines.classic.backends import create_instance
 from engines.classic.ensemble import EnsembleRunner
 from engines.classic.errors import InferError
+from engines.classic.proto import ModelConfig
 from engines.classic.request import InferRequest, validate_request
 from engines.classic.scheduler import Scheduler
 from engines.classic.stats import ModelStats
 
 
-def instance_count(config: mc.ModelConfig) -> int:
+def instance_count(config: ModelConfig) -> int:
     """Sum of instance_group counts; a group with count 0 (unset) means 1, as in Triton."""
     if not config.instance_group:
         return 1
@@ -26,7 +26,7 @@ def instance_count(config: mc.ModelConfig) -> int:
 
 
 class ModelVersion:
-    def __init__(self, config: mc.ModelConfig, version: str, scheduler: Scheduler | None,
+    def __init__(self, config: ModelConfig, version: str, scheduler: Scheduler | None,
                  ensemble: EnsembleRunner | None, stats: ModelStats) -> None:
         self.config = config
         self.version = version
@@ -35,7 +35,7 @@ class ModelVersion:
         self._ensemble = ensemble
 
     @classmethod
-    async def load(cls, config: mc.ModelConfig, version_dir: Path, host: Any) -> ModelVersion:
+    async def load(cls, config: ModelConfig, version_dir: Path, host: Any) -> ModelVersion:
         """Create instances on worker threads (loading can be slow) and start the scheduler.
 
         Raises ConfigError when a model file is missing or does not match the config.

@@ -1,24 +1,17 @@
-"""Protobuf -> JSON dicts in Triton's style: snake_case names, 64-bit integers as numbers.
+"""Protobuf JSON dicts in Triton's style: 64-bit integers as numbers.
 
-`json_format` writes int64 as strings ("dims": ["4"]); Triton's JSON (and the
-model_config a Triton python model reads) has numbers, so we convert back.
+`json_format.MessageToDict` writes int64 as strings ("dims": ["4"]); Triton's
+JSON has numbers, so `fix_int64` converts them back, guided by the descriptor.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from google.protobuf import json_format
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
-from google.protobuf.message import Message
 
 _INT64 = {FieldDescriptor.TYPE_INT64, FieldDescriptor.TYPE_UINT64, FieldDescriptor.TYPE_SINT64,
           FieldDescriptor.TYPE_FIXED64, FieldDescriptor.TYPE_SFIXED64}
-
-
-def message_to_dict(message: Message) -> dict[str, Any]:
-    data = json_format.MessageToDict(message, preserving_proto_field_name=True)
-    return fix_int64(message.DESCRIPTOR, data)
 
 
 def fix_int64(desc: Descriptor, data: dict[str, Any]) -> dict[str, Any]:
@@ -48,4 +41,4 @@ def _is_repeated(field: FieldDescriptor) -> bool:
     is_repeated = getattr(field, "is_repeated", None)  # protobuf >= 6 deprecates .label
     if is_repeated is not None:
         return bool(is_repeated)
-    return field.label == FieldDescriptor.LABEL_REPEATED
+    return bool(field.label == FieldDescriptor.LABEL_REPEATED)

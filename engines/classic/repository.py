@@ -5,9 +5,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from tritonclient.grpc import model_config_pb2 as mc
-
 from engines.classic.errors import ConfigError, invalid
+from engines.classic.proto import ModelConfig
 
 
 def model_dirs(repo_dir: Path) -> dict[str, Path]:
@@ -21,7 +20,7 @@ def available_versions(model_dir: Path) -> list[int]:
     return sorted(int(p.name) for p in model_dir.iterdir() if p.is_dir() and p.name.isdigit() and int(p.name) > 0)
 
 
-def select_versions(config: mc.ModelConfig, model_dir: Path) -> list[int]:
+def select_versions(config: ModelConfig, model_dir: Path) -> list[int]:
     """Apply version_policy (latest N by default, all, or specific) to the version directories."""
     source = model_dir / "config.pbtxt"
     found = available_versions(model_dir)

@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
+from collections.abc import Hashable
 from dataclasses import dataclass, field
-from typing import Any, Hashable
+from typing import Any
 
 import numpy as np
-from tritonclient.grpc import model_config_pb2 as mc
 
 from engines.classic.config import tensor_wire_type
 from engines.classic.dtypes import as_bytes_array, numpy_to_wire
 from engines.classic.errors import invalid
+from engines.classic.proto import ModelConfig, ModelInput
 
 
 @dataclass(slots=True)
@@ -33,7 +34,7 @@ class InferRequest:
     batch_key: Hashable = ()
 
 
-def validate_request(config: mc.ModelConfig, request: InferRequest) -> None:
+def validate_request(config: ModelConfig, request: InferRequest) -> None:
     """Check names, dtypes and shapes against the config; set batch_size and batch_key.
 
     Raises InferError(INVALID_ARG) with Triton-style messages. BYTES inputs given
@@ -72,7 +73,7 @@ def validate_request(config: mc.ModelConfig, request: InferRequest) -> None:
                 raise invalid(f"unexpected inference output '{out}' for model '{name}'")
 
 
-def _check_dtype(model: str, tensor: mc.ModelInput, array: np.ndarray) -> np.ndarray:
+def _check_dtype(model: str, tensor: ModelInput, array: np.ndarray) -> np.ndarray:
     want = tensor_wire_type(tensor)
     try:
         got = numpy_to_wire(array.dtype)
@@ -84,10 +85,10 @@ def _check_dtype(model: str, tensor: mc.ModelInput, array: np.ndarray) -> np.nda
     return as_bytes_array(array) if want == "BYTES" else array
 
 
-def _check_shape(config: mc.ModelConfig, tensor: mc.ModelInput, shape: tuple[int, ...]) -> None:
+def _check_shape(config: ModelConfig, tensor: ModelInput, shape: tuple[int, ...]) -> None:
     dims = list(tensor.dims)
-    full = ([-1] + dims) if config.max_batch_size > 0 else dims
-    ok = len(shape) == len(full) and all(d == -1 or d == s for d, s in zip(full, shape))
+    full = [-1, *dims] if config.max_batch_size > 0 else dims
+    ok = len(shape) == len(full) and all(d == -1 or d == s for d, s in zip(full, shape, strict=True))
     if config.max_batch_size > 0 and len(shape) >= 1 and shape[0] < 1:
         ok = False
     if not ok:

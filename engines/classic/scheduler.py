@@ -19,11 +19,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
-from tritonclient.grpc import model_config_pb2 as mc
 
 from engines.classic.backends.base import Backend
 from engines.classic.batching import BatcherConfig, BatchQueue, QueueFull
 from engines.classic.errors import Code, InferError, unavailable
+from engines.classic.proto import ModelConfig
 from engines.classic.request import InferRequest
 from engines.classic.stats import ModelStats
 
@@ -36,7 +36,7 @@ class _Pending:
 
 
 class Scheduler:
-    def __init__(self, config: mc.ModelConfig, instances: list[Backend], stats: ModelStats) -> None:
+    def __init__(self, config: ModelConfig, instances: list[Backend], stats: ModelStats) -> None:
         if not instances:
             raise ValueError("a scheduler needs at least one model instance")
         self._queue = BatchQueue(BatcherConfig.from_model_config(config))
@@ -75,9 +75,6 @@ class Scheduler:
             self._wake.set()  # let the driver drop the cancelled entry and free its queue slot now
             raise
 
-    def pending_count(self) -> int:
-        return len(self._queue)
-
     async def _drive(self) -> None:
         while True:
             self._wake.clear()
@@ -115,10 +112,13 @@ class Scheduler:
         finally:
             self._free.append(instance)
             self._wake.set()
+        if len(results) != len(items):  # a request without its result would wait forever
+            results = [InferError(f"model '{requests[0].model}' returned {len(results)} results for "
+                                  f"{len(items)} requests", Code.INTERNAL)] * len(items)
         t = instance.timings
         self._stats.execution(sum(r.batch_size for r in requests), len(requests), t.input_ns, t.infer_ns,
                               t.output_ns)
-        for pending, result in zip(items, results):
+        for pending, result in zip(items, results, strict=True):
             self._finish(pending, result, start_ns - pending.arrival_ns)
 
     def _finish(self, pending: _Pending, result: dict[str, np.ndarray] | InferError | None,

@@ -84,7 +84,7 @@ class StopSignal:
         self.signum: int | None = None
         self._previous: dict[int, object] = {}
 
-    def __enter__(self) -> "StopSignal":
+    def __enter__(self) -> StopSignal:
         for sig in (signal.SIGTERM, signal.SIGINT):
             self._previous[sig] = signal.signal(sig, self._handle)
         return self

@@ -68,7 +68,7 @@ def register(gateway: str, record: WorkerRecord, attempts: int = 10, delay_s: fl
             last = repr(exc)
         if attempt + 1 < attempts:
             time.sleep(delay_s)
-    raise RuntimeError(f"could not register worker {record['name']} with {gateway}: {last}")
+    raise RuntimeError(f"could not register worker {record.name} with {gateway}: {last}")
 
 
 def deregister(gateway: str, name: str) -> None:

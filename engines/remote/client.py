@@ -12,8 +12,9 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass
-from typing import Any, AsyncGenerator, AsyncIterator
+from typing import Any
 
 import httpx
 
@@ -110,22 +111,6 @@ class RemoteEngine:
             return False
         self._healthy = response.status_code == 200
         return self._healthy
-
-    async def fetch_models(self, timeout_s: float = 5.0) -> list[str]:
-        """Model ids the worker serves (its /v1/models); raises EngineError if it cannot say."""
-        try:
-            response = await self._http.get("/v1/models", timeout=timeout_s)
-        except httpx.HTTPError as exc:
-            raise EngineError(f"worker {self.name} unreachable: {exc!r}", ErrorKind.UNAVAILABLE, retryable=True) from exc
-        if response.status_code != 200:
-            raise normalize_error(response.status_code, response.content)
-        return [m["id"] for m in response.json().get("data", []) if isinstance(m, dict) and "id" in m]
-
-    async def fetch_metrics_text(self, timeout_s: float = 5.0) -> str:
-        """The worker's raw /metrics body (Prometheus text for vLLM; JSON for trtllm-serve)."""
-        response = await self._http.get("/metrics", timeout=timeout_s)
-        response.raise_for_status()
-        return response.text
 
     async def abort(self, request_id: str) -> None:
         """Close the request's upstream stream; idempotent, unknown ids are ignored."""

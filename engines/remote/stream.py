@@ -9,20 +9,19 @@ stream ends, and it alone carries prompt/cached token counts.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, get_args
 
 from engines.base import Delta, FinishReason
 from engines.remote.errors import stream_error
 
-_FINISH_REASONS: frozenset[str] = frozenset({"stop", "length", "abort", "error", "tool_calls"})
+_FINISH_REASONS: dict[str, FinishReason] = {r: r for r in get_args(FinishReason)}
 # Chat delta keys that are not engine-parser output.
 _PLAIN_DELTA_KEYS = frozenset({"role", "content"})
 
 
 def _finish_reason(raw: Any) -> FinishReason:
-    if raw in _FINISH_REASONS:
-        return raw  # type: ignore[return-value]
-    return "stop"  # e.g. "function_call" or an engine-specific reason: the text ended normally
+    # Anything else (e.g. "function_call" or an engine-specific reason): the text ended normally.
+    return _FINISH_REASONS.get(raw, "stop") if isinstance(raw, str) else "stop"
 
 
 def completion_logprobs(raw: dict[str, Any] | None) -> list[dict[str, Any]] | None:
@@ -31,7 +30,7 @@ def completion_logprobs(raw: dict[str, Any] | None) -> list[dict[str, Any]] | No
         return None
     tops = raw.get("top_logprobs") or [None] * len(raw["tokens"])
     out = []
-    for token, logprob, top in zip(raw["tokens"], raw.get("token_logprobs") or [], tops):
+    for token, logprob, top in zip(raw["tokens"], raw.get("token_logprobs") or [], tops, strict=False):
         alts = [{"token": t, "logprob": lp} for t, lp in (top or {}).items()]
         out.append({"token": token, "logprob": logprob, "top_logprobs": alts})
     return out

@@ -35,7 +35,7 @@ async def _abort(context: grpc.aio.ServicerContext, exc: SluiceError) -> None:
     await context.abort(grpc_status(exc), exc.message)
 
 
-class KServeServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
+class KServeServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: ignore[misc]
     def __init__(self, manager: ModelRepositoryManager, llm_service: LLMService) -> None:
         self.m = manager
         self.llm = llm_service

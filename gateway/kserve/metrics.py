@@ -44,7 +44,7 @@ class TritonMetricsCollector(Collector):
             # *_total, which would break Triton dashboards. Untyped keeps the exact names; rate() still works.
             family = UntypedMetricFamily(name, doc, labels=_LABELS)
             for s in snapshots:
-                family.add_metric([s.name, s.version], value(s))
+                family.add_metric([s.name, s.version], value(s))  # type: ignore[no-untyped-call]
             yield family
         pending = GaugeMetricFamily("nv_inference_pending_request_count",
                                     "Instantaneous number of pending requests awaiting execution per-model.",

@@ -72,6 +72,5 @@ class LLMService:
                 sampling = sampling_for(call.model, call.params, len(prompt.token_ids), seed_offset=i)
                 rid = f"{call.request_id}-{p}-{i}"
                 out.append(EngineRequest(rid, call.model.name, prompt.token_ids, sampling, kind=call.kind,
-                                         chat_body=call.chat_body, prompt_text=prompt.text,
-                                         cache_salt=call.cache_salt))
+                                         chat_body=call.chat_body, cache_salt=call.cache_salt))
         return out

@@ -1,21 +1,10 @@
-"""POST /v1/embeddings, served by embedding models of the classic repository.
-
-A repository model is offered here when its config.pbtxt carries
-`parameters { key: "openai_task" value { string_value: "embeddings" } }`; it
-takes a BYTES input `TEXT` and returns FP32 `EMBEDDING` rows. Requests go
-through that model's dynamic batcher like any KServe request, split into
-batches of the model's `max_batch_size` (OpenAI accepts 2,048 inputs).
-"""
+"""POST /v1/embeddings, served by the classic repository's embedding models (see `gateway.embeddings`)."""
 
 from __future__ import annotations
 
-import asyncio
 import base64
-from dataclasses import dataclass
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-import numpy as np
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
@@ -24,82 +13,7 @@ from gateway.llm.registry import model_not_found
 from gateway.openai.schemas import EmbeddingRequest
 from gateway.state import state_of
 
-if TYPE_CHECKING:
-    from engines.classic.manager import ModelRepositoryManager
-
 router = APIRouter()
-
-
-@dataclass(slots=True)
-class EmbeddingModel:
-    name: str
-    tokenizer: Any  # tokenizers.Tokenizer, for usage counts and length checks
-    max_input_tokens: int
-    dimensions: int
-    created: int
-    max_batch_size: int  # rows per infer call: larger requests are split
-
-
-class EmbeddingBridge:
-    def __init__(self, manager: ModelRepositoryManager) -> None:
-        self.manager = manager
-        self.models: dict[str, EmbeddingModel] = {}
-
-    @classmethod
-    def discover(cls, manager: ModelRepositoryManager) -> EmbeddingBridge:
-        """Every loaded model whose config offers it as an OpenAI embeddings model
-        (read from the configs the repository manager already parsed)."""
-        from tokenizers import Tokenizer
-
-        from engines.weights import resolve_weights
-
-        bridge = cls(manager)
-        for name in manager.model_names():
-            try:
-                cfg = manager.model_config(name)
-            except SluiceError:
-                continue  # not ready: the repository index reports why
-            params = {k: v.string_value for k, v in cfg.parameters.items()}
-            if params.get("openai_task") != "embeddings":
-                continue
-            tok_dir = resolve_weights(params["tokenizer"], manager.repo_dir / name, name)
-            tok = Tokenizer.from_file(str(Path(tok_dir) / "tokenizer.json"))
-            tok.no_truncation()
-            bridge.models[name] = EmbeddingModel(
-                name, tok, int(params.get("max_input_tokens", "512")), int(params.get("dimensions", "384")),
-                int((manager.repo_dir / name / "config.pbtxt").stat().st_mtime), max(1, cfg.max_batch_size))
-        return bridge
-
-    def texts(self, model: EmbeddingModel, body: EmbeddingRequest) -> tuple[list[str], int]:
-        raw = body.input
-        if isinstance(raw, str):
-            items: list[Any] = [raw]
-        elif raw and all(isinstance(t, int) for t in raw):
-            items = [raw]
-        else:
-            items = list(raw)
-        texts, total = [], 0
-        for i, item in enumerate(items):
-            text = model.tokenizer.decode(item, skip_special_tokens=True) if isinstance(item, list) else item
-            if not text:
-                raise SluiceError(f"input[{i}] is empty", ErrorKind.INVALID_ARG, param="input")
-            n = len(model.tokenizer.encode(text).ids)
-            if n > model.max_input_tokens:
-                raise SluiceError(f"input[{i}] has {n} tokens; this model's maximum is {model.max_input_tokens}",
-                                  ErrorKind.CONTEXT_TOO_LONG, code="context_length_exceeded", param="input")
-            texts.append(text)
-            total += n
-        return texts, total
-
-
-    async def embed(self, model: EmbeddingModel, texts: list[str]) -> np.ndarray:
-        """[len(texts), dims] float32, in model-sized batches through the model's batcher."""
-        rows = np.array(texts, dtype=object).reshape(-1, 1)  # batched model: [N, 1] per Triton's rules
-        step = model.max_batch_size
-        parts = [self.manager.infer(model.name, "", {"TEXT": rows[i:i + step]}, ["EMBEDDING"])
-                 for i in range(0, len(rows), step)]
-        outputs = await asyncio.gather(*parts)
-        return np.concatenate([np.asarray(o["EMBEDDING"], dtype=np.float32) for o in outputs])
 
 
 @router.post("/v1/embeddings")
@@ -112,7 +26,7 @@ async def embeddings(body: EmbeddingRequest, request: Request) -> JSONResponse:
     if body.dimensions is not None and body.dimensions != model.dimensions:
         raise SluiceError(f"this model only produces {model.dimensions}-dimensional embeddings",
                           ErrorKind.UNSUPPORTED, param="dimensions")
-    texts, tokens = bridge.texts(model, body)
+    texts, tokens = bridge.texts(model, body.input)
     vectors = await bridge.embed(model, texts)
     data = []
     for i, vec in enumerate(vectors):

@@ -10,7 +10,7 @@ MS = 1_000_000  # ns
 
 
 def _queue(**kw) -> BatchQueue:
-    base = dict(max_batch_size=8, dynamic=True, max_queue_delay_us=1000)
+    base = {"max_batch_size": 8, "dynamic": True, "max_queue_delay_us": 1000}
     base.update(kw)
     return BatchQueue(BatcherConfig(**base))
 

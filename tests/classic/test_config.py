@@ -67,7 +67,7 @@ def test_preferred_batch_size_bounded(tmp_path):
 
 def test_missing_config(tmp_path):
     (tmp_path / "m").mkdir()
-    with pytest.raises(ConfigError, match="missing config.pbtxt"):
+    with pytest.raises(ConfigError, match=r"missing config\.pbtxt"):
         load_config(tmp_path / "m")
 
 
@@ -82,7 +82,7 @@ def test_version_policies(tmp_path):
     config.version_policy.specific.versions[:] = [1, 2]
     assert select_versions(config, d) == [1, 2]
     config.version_policy.specific.versions[:] = [3]
-    with pytest.raises(ConfigError, match="version_policy.specific"):
+    with pytest.raises(ConfigError, match=r"version_policy\.specific"):
         select_versions(config, d)
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -61,7 +62,8 @@ input [ { name: "IN" data_type: TYPE_INT32 dims: [ 2 ] } ]
 output [ { name: "OUT" data_type: TYPE_INT32 dims: [ 2 ] } ]
 ensemble_scheduling { step [
   { model_name: "double" model_version: -1 input_map { key: "X" value: "IN" } output_map { key: "Y" value: "mid" } },
-  { model_name: "bls_plus_one" model_version: -1 input_map { key: "X" value: "mid" } output_map { key: "Y" value: "OUT" } }
+  { model_name: "bls_plus_one" model_version: -1 input_map { key: "X" value: "mid" }
+    output_map { key: "Y" value: "OUT" } }
 ] }
 '''
 
@@ -87,6 +89,15 @@ def repo(tmp_path: Path) -> Path:
     (tmp_path / "llm").mkdir()
     (tmp_path / "llm" / "config.pbtxt").write_text('backend: "llm"\nmax_batch_size: 0\n')
     return tmp_path
+
+
+async def _until(condition: Callable[[], bool], timeout_s: float = 30.0) -> None:
+    """Poll the manager's state, which announces no event, until `condition` holds."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while not condition():
+        assert loop.time() < deadline, "condition not reached"
+        await asyncio.sleep(0.01)
 
 
 def _x(*rows) -> np.ndarray:
@@ -145,14 +156,12 @@ async def test_queue_full_and_cancellation_while_busy(repo):
                   if name.startswith("sluice_python_model_") and name.endswith("_blocking")][-1]
         await asyncio.to_thread(module.STARTED.acquire, True, 30)
         queued = asyncio.create_task(m.infer("blocking", "", {"X": _x([2, 2])}))
-        while m.statistics("blocking")[0].pending_count < 2:
-            await asyncio.sleep(0.01)
+        await _until(lambda: m.statistics("blocking")[0].pending_count == 2)
         with pytest.raises(InferError, match="Exceeds maximum queue size") as err:
             await m.infer("blocking", "", {"X": _x([3, 3])})
         assert err.value.kind == Code.UNAVAILABLE
         queued.cancel()  # a cancelled queued request frees its slot
-        while m.statistics("blocking")[0].pending_count > 1:
-            await asyncio.sleep(0.01)
+        await _until(lambda: m.statistics("blocking")[0].pending_count == 1)
         replacement = asyncio.create_task(m.infer("blocking", "", {"X": _x([4, 4])}))
         module.GATE.set()
         assert (await first)["Y"].tolist() == [[1, 1]]

@@ -152,8 +152,9 @@ async def test_standin_kv_cache_events_carry_token_ids(engine: RemoteEngine, sta
             break
         await asyncio.sleep(0.1)
     # One request only: a second one would also match the first one's speculative entries.
-    r = httpx.post(admin.url + "/v1/completions", timeout=30,
-                   json={"model": "standin-model", "prompt": ids + [1, 2, 3], "max_tokens": 1})
+    async with httpx.AsyncClient(timeout=30) as client:
+        r = await client.post(admin.url + "/v1/completions",
+                              json={"model": "standin-model", "prompt": [*ids, 1, 2, 3], "max_tokens": 1})
     assert r.status_code == 200, r.text
     assert r.headers["x-sluice-predicted-cached-tokens"] == "64"
     assert r.json()["usage"]["prompt_tokens_details"]["cached_tokens"] == 64  # and the engine agrees

@@ -8,15 +8,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from tritonclient.grpc import model_config_pb2 as mc
-
 from engines.classic.backends.base import Backend, ComputeTimes, StackedBackend
 from engines.classic.errors import ConfigError
+from engines.classic.proto import ModelConfig
 
 __all__ = ["Backend", "ComputeTimes", "StackedBackend", "create_instance"]
 
 
-def create_instance(config: mc.ModelConfig, version_dir: Path, instance_index: int, host: Any) -> Backend:
+def create_instance(config: ModelConfig, version_dir: Path, instance_index: int, host: Any) -> Backend:
     """Build instance number `instance_index` of a model version.
 
     `host` is the manager (for BLS calls from python models). Raises ConfigError
@@ -37,12 +36,3 @@ def create_instance(config: mc.ModelConfig, version_dir: Path, instance_index: i
         return load_python_instance(config, version_dir, instance_index, host)
     raise ConfigError(f"{version_dir.parent / 'config.pbtxt'}: field 'backend': no instance backend '{backend}'")
 
-
-def model_file(config: mc.ModelConfig, version_dir: Path, default: str) -> Path:
-    """The file a backend loads; raises ConfigError naming the config field when absent."""
-    name = config.default_model_filename or default
-    path = version_dir / name
-    if not path.exists():
-        field = "default_model_filename" if config.default_model_filename else "(default file)"
-        raise ConfigError(f"{version_dir.parent / 'config.pbtxt'}: field '{field}': model file {path} not found")
-    return path

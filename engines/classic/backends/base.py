@@ -14,19 +14,27 @@ from __future__ import annotations
 import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
-from tritonclient.grpc import model_config_pb2 as mc
 
 from engines.classic.config import tensor_wire_type
 from engines.classic.dtypes import wire_to_numpy
-from engines.classic.errors import InferError, Code
+from engines.classic.errors import Code, ConfigError, InferError
+from engines.classic.proto import ModelConfig, ModelOutput
 
 if TYPE_CHECKING:
     from engines.classic.request import InferRequest
 
-Result = "dict[str, np.ndarray] | InferError"
+def model_file(config: ModelConfig, version_dir: Path, default: str) -> Path:
+    """The file a backend loads; raises ConfigError naming the config field when absent."""
+    name = config.default_model_filename or default
+    path = version_dir / name
+    if not path.exists():
+        field = "default_model_filename" if config.default_model_filename else "(default file)"
+        raise ConfigError(f"{version_dir.parent / 'config.pbtxt'}: field '{field}': model file {path} not found")
+    return path
 
 
 @dataclass(slots=True)
@@ -37,7 +45,7 @@ class ComputeTimes:
 
 
 class Backend(ABC):
-    def __init__(self, config: mc.ModelConfig) -> None:
+    def __init__(self, config: ModelConfig) -> None:
         self.config = config
         self.timings = ComputeTimes()
 
@@ -78,7 +86,7 @@ class StackedBackend(Backend):
         return results
 
 
-def _stack(config: mc.ModelConfig, requests: list[InferRequest], batching: bool) -> dict[str, np.ndarray]:
+def _stack(config: ModelConfig, requests: list[InferRequest], batching: bool) -> dict[str, np.ndarray]:
     out: dict[str, np.ndarray] = {}
     for tensor in config.input:
         if tensor.name not in requests[0].inputs:
@@ -94,7 +102,7 @@ def _stack(config: mc.ModelConfig, requests: list[InferRequest], batching: bool)
     return out
 
 
-def _split(config: mc.ModelConfig, requests: list[InferRequest], outputs: dict[str, np.ndarray],
+def _split(config: ModelConfig, requests: list[InferRequest], outputs: dict[str, np.ndarray],
            batching: bool) -> list[dict[str, np.ndarray] | InferError]:
     results: list[dict[str, np.ndarray] | InferError] = [{} for _ in requests]
     rows = sum(r.batch_size for r in requests)
@@ -119,7 +127,7 @@ def _split(config: mc.ModelConfig, requests: list[InferRequest], outputs: dict[s
     return results
 
 
-def _coerce(tensor: mc.ModelOutput, array: np.ndarray) -> np.ndarray:
+def _coerce(tensor: ModelOutput, array: np.ndarray) -> np.ndarray:
     want = wire_to_numpy(tensor_wire_type(tensor))
     if want == np.object_:
         return array if array.dtype == np.object_ else array.astype(np.object_)

@@ -5,17 +5,15 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-from tritonclient.grpc import model_config_pb2 as mc
 
-from engines.classic.backends.base import StackedBackend
+from engines.classic.backends.base import StackedBackend, model_file
 from engines.classic.errors import ConfigError
+from engines.classic.proto import ModelConfig
 
 
 class OnnxBackend(StackedBackend):
-    def __init__(self, config: mc.ModelConfig, version_dir: Path) -> None:
+    def __init__(self, config: ModelConfig, version_dir: Path) -> None:
         super().__init__(config)
-        from engines.classic.backends import model_file
-
         try:
             import onnxruntime as ort
         except ImportError:
@@ -36,21 +34,21 @@ class OnnxBackend(StackedBackend):
             if tensor.name not in session_inputs:
                 raise ConfigError(f"{source}: field 'input': '{tensor.name}' is not an input of {path.name} "
                                   f"(model inputs: {sorted(session_inputs)})")
-        for tensor in config.output:
-            if tensor.name not in session_outputs:
-                raise ConfigError(f"{source}: field 'output': '{tensor.name}' is not an output of {path.name} "
+        for output in config.output:
+            if output.name not in session_outputs:
+                raise ConfigError(f"{source}: field 'output': '{output.name}' is not an output of {path.name} "
                                   f"(model outputs: {sorted(session_outputs)})")
         self._output_names = [t.name for t in config.output]
 
     def run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         values = self._session.run(self._output_names, inputs)
-        return dict(zip(self._output_names, values))
+        return dict(zip(self._output_names, values, strict=True))
 
     def close(self) -> None:
-        self._session = None  # type: ignore[assignment]
+        self._session = None
 
 
-def _int_param(config: mc.ModelConfig, key: str, default: int) -> int:
+def _int_param(config: ModelConfig, key: str, default: int) -> int:
     if key in config.parameters:
         try:
             return max(0, int(config.parameters[key].string_value))

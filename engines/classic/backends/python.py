@@ -17,16 +17,17 @@ import inspect
 import itertools
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from tritonclient.grpc import model_config_pb2 as mc
 
 from engines.classic.backends import base, pb_utils
 from engines.classic.config import to_json
 from engines.classic.errors import Code, ConfigError, InferError
+from engines.classic.proto import ModelConfig
 
 if TYPE_CHECKING:
     from engines.classic.request import InferRequest
@@ -46,10 +47,8 @@ def bls_host(host: Any) -> Iterator[None]:
         pb_utils._context.host = previous
 
 
-def load_python_instance(config: mc.ModelConfig, version_dir: Path, index: int, host: Any) -> base.Backend:
-    from engines.classic.backends import model_file
-
-    path = model_file(config, version_dir, "model.py")
+def load_python_instance(config: ModelConfig, version_dir: Path, index: int, host: Any) -> base.Backend:
+    path = base.model_file(config, version_dir, "model.py")
     module = _import(path, config.name)
     args = {
         "model_config": to_json(config),
@@ -102,7 +101,7 @@ def _initialize(model: Any, args: dict[str, str], host: Any, source: str) -> Non
 
 
 class TritonPythonBackend(base.Backend):
-    def __init__(self, config: mc.ModelConfig, model: Any, args: dict[str, str], host: Any) -> None:
+    def __init__(self, config: ModelConfig, model: Any, args: dict[str, str], host: Any) -> None:
         super().__init__(config)
         self._model = model
         self._host = host
@@ -141,7 +140,7 @@ class TritonPythonBackend(base.Backend):
                              Code.INTERNAL)
             return [err] * len(requests)
         results: list[dict[str, np.ndarray] | InferError] = []
-        for req, resp in zip(requests, responses):
+        for req, resp in zip(requests, responses, strict=True):
             if resp.has_error():
                 results.append(InferError(resp.error().message(), Code.INTERNAL))
                 continue
@@ -168,7 +167,7 @@ class TritonPythonBackend(base.Backend):
 
 
 class NumpyPythonBackend(base.StackedBackend):
-    def __init__(self, config: mc.ModelConfig, model: Any, args: dict[str, str], host: Any) -> None:
+    def __init__(self, config: ModelConfig, model: Any, args: dict[str, str], host: Any) -> None:
         super().__init__(config)
         self._model = model
         self._host = host
@@ -178,7 +177,10 @@ class NumpyPythonBackend(base.StackedBackend):
 
     def run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         with bls_host(self._host):
-            return self._model.execute_batch(inputs)
+            outputs = self._model.execute_batch(inputs)
+        if not isinstance(outputs, dict):
+            raise TypeError(f"execute_batch returned {type(outputs).__name__}, not a dict of arrays")
+        return outputs
 
     def close(self) -> None:
         finalize = getattr(self._model, "finalize", None)

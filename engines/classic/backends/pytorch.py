@@ -9,24 +9,23 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-from tritonclient.grpc import model_config_pb2 as mc
 
-from engines.classic.backends.base import StackedBackend
+from engines.classic.backends.base import StackedBackend, model_file
 from engines.classic.errors import ConfigError
+from engines.classic.proto import ModelConfig
 
 
 class TorchScriptBackend(StackedBackend):
-    def __init__(self, config: mc.ModelConfig, version_dir: Path) -> None:
+    def __init__(self, config: ModelConfig, version_dir: Path) -> None:
         super().__init__(config)
-        from engines.classic.backends import model_file
-
         try:
             import torch
         except ImportError:
             raise ConfigError("backend 'pytorch' needs torch installed") from None
         path = model_file(config, version_dir, "model.pt")
         try:
-            self._module = torch.jit.load(str(path), map_location="cpu").eval()
+            # torch.jit.load has no annotations; it returns a ScriptModule.
+            self._module = torch.jit.load(str(path), map_location="cpu").eval()  # type: ignore[no-untyped-call]
         except Exception as exc:
             raise ConfigError(f"{path}: torch.jit.load failed: {exc}") from None
         self._torch = torch
@@ -42,4 +41,4 @@ class TorchScriptBackend(StackedBackend):
             result = (result,)
         if len(result) != len(self._output_names):
             raise ValueError(f"TorchScript returned {len(result)} outputs, config declares {len(self._output_names)}")
-        return {n: t.detach().cpu().numpy() for n, t in zip(self._output_names, result)}
+        return {n: t.detach().cpu().numpy() for n, t in zip(self._output_names, result, strict=True)}

@@ -1,0 +1,46 @@
+"""Loading one model: its config (from disk or from a load request) and the versions it selects."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from engines.classic import repository as repo
+from engines.classic.config import load_config, normalise, validate
+from engines.classic.ensemble import validate_ensemble
+from engines.classic.model import ModelVersion
+from engines.classic.proto import ModelConfig
+
+
+def read_config(model_dir: Path, override: ModelConfig | None) -> ModelConfig:
+    """The model's validated config: `override` (a load request's) when given, else its config.pbtxt.
+
+    Raises ConfigError naming the source and the field.
+    """
+    if override is None:
+        config = load_config(model_dir)
+    else:
+        config = override
+        source = f"load request for '{model_dir.name}' (config parameter)"
+        normalise(config, model_dir.name, source)
+        validate(config, source)
+    if config.backend == "ensemble":
+        validate_ensemble(config, str(model_dir / "config.pbtxt"))
+    return config
+
+
+async def load_versions(config: ModelConfig, model_dir: Path, host: Any) -> dict[str, ModelVersion]:
+    """Every version the config's policy selects, by version string; all or none.
+
+    `host` serves BLS calls and ensemble steps. On failure the versions already loaded
+    are closed and the error (ConfigError for a bad model) propagates.
+    """
+    loaded: dict[str, ModelVersion] = {}
+    try:
+        for v in repo.select_versions(config, model_dir):
+            loaded[str(v)] = await ModelVersion.load(config, model_dir / str(v), host)
+    except BaseException:
+        for mv in loaded.values():
+            await mv.close()
+        raise
+    return loaded
