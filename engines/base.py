@@ -99,6 +99,10 @@ class EngineStats:
     running: int  # requests currently in the running batch
     waiting: int  # requests admitted but not yet scheduled
     max_batch_size_seen: int = 0  # largest running batch since start (proves batching)
+    # Forward passes since start, and those that ran more than one request: a test or an
+    # operator can read batching over any window as the difference of two snapshots.
+    steps: int = 0
+    batched_steps: int = 0
 
 
 class EngineError(SluiceError):

@@ -87,6 +87,8 @@ class TransformersEngine:
         self._active: dict[str, asyncio.Queue[GenerationOutput | _Aborted]] = {}
         self._first_token: set[str] = set()
         self._max_batch_seen = 0
+        self._steps = 0
+        self._batched_steps = 0
 
     # -- lifecycle ---------------------------------------------------------
     async def start(self) -> None:
@@ -147,6 +149,9 @@ class TransformersEngine:
 
     def _record_batch(self, size: int) -> None:
         self._max_batch_seen = max(self._max_batch_seen, size)
+        self._steps += 1
+        if size > 1:
+            self._batched_steps += 1
 
     async def _warmup(self) -> None:
         """The first batch is slow (allocation, kernel selection); pay it before serving."""
@@ -169,7 +174,8 @@ class TransformersEngine:
         with self._lock:
             total = len(self._active)
             running = len(self._first_token & set(self._active))
-        return EngineStats(running=total, waiting=total - running, max_batch_size_seen=self._max_batch_seen)
+        return EngineStats(running=total, waiting=total - running, max_batch_size_seen=self._max_batch_seen,
+                           steps=self._steps, batched_steps=self._batched_steps)
 
     # -- requests ----------------------------------------------------------
     async def generate(self, request: EngineRequest) -> AsyncGenerator[Delta, None]:

