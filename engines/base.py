@@ -16,6 +16,8 @@ from typing import Any, Literal, Protocol, runtime_checkable
 from engines.errors import SluiceError
 
 FinishReason = Literal["stop", "length", "abort", "error", "tool_calls"]
+# Below this a temperature under-flows the logits (inf, then NaN): it is sampled as greedy.
+GREEDY_BELOW_TEMPERATURE = 1e-5
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,6 +38,7 @@ class SamplingParams:
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     logprobs: int | None = None  # number of top logprobs per token; None: not requested
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias added to its logit)
     include_stop_str_in_output: bool = False
 
     def __post_init__(self) -> None:
@@ -50,7 +53,7 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0.0 or self.top_k == 1
+        return self.temperature < GREEDY_BELOW_TEMPERATURE or self.top_k == 1
 
 
 @dataclass(slots=True)

@@ -22,6 +22,9 @@ def check_sampling(s: SamplingParams) -> None:
     if s.logprobs is not None:
         raise EngineError("logprobs are not supported by the transformers engine", ErrorKind.UNSUPPORTED,
                           param="logprobs")
+    if s.logit_bias:
+        raise EngineError("logit_bias is not supported by the transformers engine", ErrorKind.UNSUPPORTED,
+                          param="logit_bias")
     if s.min_p or s.repetition_penalty != 1.0 or s.presence_penalty or s.frequency_penalty or s.min_tokens:
         raise EngineError(
             "min_p, min_tokens and repetition/presence/frequency penalties are not supported by the "
@@ -44,7 +47,8 @@ def sampling_kwargs(s: SamplingParams, vocab_size: int) -> dict[str, Any]:
     """Per-request logits-processor arguments for `add_request`. Greedy is top-k 1."""
     return {
         "temperature": 1.0 if s.greedy else float(s.temperature),
-        "top_k": 1 if s.greedy else (s.top_k if s.top_k > 0 else vocab_size),
+        # top_k above the vocabulary would make the processor index past the logits.
+        "top_k": 1 if s.greedy else (min(s.top_k, vocab_size) if s.top_k > 0 else vocab_size),
         "top_p": 1.0 if s.greedy else float(s.top_p),
         "sluice_seed": NO_SEED if (s.seed is None or s.greedy) else int(s.seed) & _SEED_MASK,
     }

@@ -26,7 +26,7 @@ from router import Router
 def build_state(settings: Settings) -> AppState:
     registry = CollectorRegistry()
     metrics = LLMMetrics(registry)
-    llm = LLMService(metrics, settings.admission())
+    llm = LLMService(metrics, settings.admission(), settings.max_fanout)
     registry.register(EngineStatsCollector(llm.engine_stats))
     shared = None
     if settings.redis_url:

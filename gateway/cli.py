@@ -41,6 +41,7 @@ def _serve_parser(sub: Any) -> None:
                    help="prefix-policy cost weights, in token-equivalents of prefill")
     p.add_argument("--max-running", type=int, help="admitted requests per model [64]")
     p.add_argument("--max-queued", type=int, help="queued requests per model before 503 [256]")
+    p.add_argument("--max-fanout", type=int, help="engine requests (prompts × n) one API request may create [128]")
     p.add_argument("--max-body-bytes", type=int, help="larger request bodies get 413 [8 MiB]")
     p.add_argument("--max-batch-size", dest="engine_max_batch_size", type=int,
                    help="in-process engine batch size [32]")

@@ -35,6 +35,7 @@ class Settings(BaseSettings):
     routing_weights: dict[str, float] | None = None  # prefix-policy cost weights; None: the router's defaults
     max_running: int = Field(default=AdmissionConfig().max_running, ge=1)  # admitted requests per model
     max_queued: int = Field(default=AdmissionConfig().max_queued, ge=0)  # waiting requests per model before 503
+    max_fanout: int = Field(default=128, ge=1, le=4096)  # engine requests (prompts × n) per API request
     max_body_bytes: int = Field(default=8 * 1024 * 1024, ge=1024)
     sse_ping_s: float = Field(default=5.0, gt=0.0)
     engine_max_batch_size: int = Field(default=32, ge=1)

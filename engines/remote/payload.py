@@ -55,6 +55,8 @@ def sampling_fields(sp: SamplingParams, dialect: Dialect, *, chat: bool) -> dict
         body["presence_penalty"] = sp.presence_penalty
     if sp.frequency_penalty:
         body["frequency_penalty"] = sp.frequency_penalty
+    if sp.logit_bias:
+        body["logit_bias"] = {str(token): bias for token, bias in sp.logit_bias}
     if sp.logprobs is not None:
         if chat:
             body["logprobs"] = True

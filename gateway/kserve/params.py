@@ -20,22 +20,23 @@ _Number = Annotated[float, Field(strict=False)]
 
 
 class GenerateParams(BaseModel):
-    model_config = ConfigDict(extra="ignore", frozen=True)
+    model_config = ConfigDict(extra="ignore", frozen=True, allow_inf_nan=False)
 
-    max_tokens: StrictInt | None = Field(default=None, ge=0)
-    max_new_tokens: StrictInt | None = Field(default=None, ge=0)  # Triton's TRT-LLM name for max_tokens
-    temperature: _Number | None = Field(default=None, ge=0.0, le=2.0)
-    top_p: _Number | None = Field(default=None, gt=0.0, le=1.0)
+    # Types only: ranges are checked protocol-neutrally by `gateway.llm.params.check`.
+    max_tokens: StrictInt | None = None
+    max_new_tokens: StrictInt | None = None  # Triton's TRT-LLM name for max_tokens
+    temperature: _Number | None = None
+    top_p: _Number | None = None
     top_k: StrictInt | None = None
-    min_p: _Number = Field(default=0.0, ge=0.0, le=1.0)
+    min_p: _Number = 0.0
     seed: StrictInt | None = None
     stop: str | list[str] | None = None
     stop_token_ids: list[StrictInt] | None = None
     ignore_eos: StrictBool = False
-    min_tokens: StrictInt = Field(default=0, ge=0)
-    repetition_penalty: _Number = Field(default=1.0, gt=0.0)
-    presence_penalty: _Number = Field(default=0.0, ge=-2.0, le=2.0)
-    frequency_penalty: _Number = Field(default=0.0, ge=-2.0, le=2.0)
+    min_tokens: StrictInt = 0
+    repetition_penalty: _Number = 1.0
+    presence_penalty: _Number = 0.0
+    frequency_penalty: _Number = 0.0
     include_stop_str_in_output: StrictBool = False
 
     @field_validator("temperature", "top_p", "min_p", "repetition_penalty", "presence_penalty",

@@ -33,10 +33,11 @@ class QueueFull(SluiceError):
 
 
 class Ticket:
-    """One admitted-or-waiting request. `release()` is idempotent."""
+    """One admitted-or-waiting API request holding `cost` engine slots. `release()` is idempotent."""
 
-    def __init__(self, controller: Admission, admitted: bool) -> None:
+    def __init__(self, controller: Admission, cost: int, admitted: bool) -> None:
         self._c = controller
+        self.cost = cost
         self.admitted = admitted
         self._event = asyncio.Event()
         if admitted:
@@ -54,38 +55,43 @@ class Ticket:
 
 
 class Admission:
-    """Not thread-safe: use from one event loop."""
+    """Counts engine requests, not API requests: one request with n=8 takes 8 slots.
+
+    Not thread-safe: use from one event loop. Waiters are woken in arrival order, so a
+    large request at the head is not starved by small ones behind it."""
 
     def __init__(self, config: AdmissionConfig) -> None:
         self.config = config
-        self.running = 0
+        self.running = 0  # engine requests admitted
+        self.queued = 0  # engine requests waiting
         self._waiting: deque[Ticket] = deque()
 
-    @property
-    def queued(self) -> int:
-        return len(self._waiting)
-
-    def try_admit(self) -> Ticket:
-        """Take a slot, or a place in the queue; raise QueueFull if neither is free."""
-        if self.running < self.config.max_running and not self._waiting:
-            self.running += 1
-            return Ticket(self, True)
-        if len(self._waiting) >= self.config.max_queued:
-            raise QueueFull(self.running, len(self._waiting))
-        t = Ticket(self, False)
+    def try_admit(self, cost: int = 1) -> Ticket:
+        """Take `cost` slots, or a place in the queue; raise QueueFull if neither is free."""
+        # A request wider than the whole model takes all of it when it runs, and never deadlocks.
+        cost = max(1, min(cost, self.config.max_running))
+        if self.running + cost <= self.config.max_running and not self._waiting:
+            self.running += cost
+            return Ticket(self, cost, True)
+        if self.queued + cost > self.config.max_queued:
+            raise QueueFull(self.running, self.queued)
+        t = Ticket(self, cost, False)
         self._waiting.append(t)
+        self.queued += cost
         return t
 
     def _release(self, t: Ticket) -> None:
         if t.admitted:
-            self.running -= 1
+            self.running -= t.cost
         else:
             try:
                 self._waiting.remove(t)
+                self.queued -= t.cost
             except ValueError:
                 pass
-        while self._waiting and self.running < self.config.max_running:
+        while self._waiting and self.running + self._waiting[0].cost <= self.config.max_running:
             nxt = self._waiting.popleft()
+            self.queued -= nxt.cost
             nxt.admitted = True
-            self.running += 1
+            self.running += nxt.cost
             nxt._event.set()

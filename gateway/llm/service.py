@@ -11,9 +11,10 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from engines.base import EngineRequest, EngineStats
+from engines.errors import ErrorKind, SluiceError
 from gateway.llm.admission import AdmissionConfig
 from gateway.llm.dispatch import Dispatch, start_dispatch
-from gateway.llm.params import GenerationParams, sampling_for
+from gateway.llm.params import GenerationParams, check, sampling_for
 from gateway.llm.registry import LLMModel, ModelRegistry
 from gateway.llm.targets import RouteHints
 from gateway.metrics import LLMMetrics
@@ -42,9 +43,11 @@ class GenerateCall:
 
 
 class LLMService:
-    def __init__(self, metrics: LLMMetrics, admission: AdmissionConfig | None = None) -> None:
+    def __init__(self, metrics: LLMMetrics, admission: AdmissionConfig | None = None, max_fanout: int = 128
+                 ) -> None:
         self.metrics = metrics
         self.registry = ModelRegistry(admission or AdmissionConfig())
+        self.max_fanout = max_fanout  # engine requests one API request may create
 
     def get(self, name: str) -> LLMModel:
         return self.registry.get(name)
@@ -54,10 +57,19 @@ class LLMService:
         request goes to. The router's contract is no `await` between rank and dispatch:
         concurrent requests must see each other's load and speculative cache entries.
         The caller must consume `Dispatch.deltas()` or call `Dispatch.close()`."""
+        check(call.model, call.params)
+        self.check_fanout(len(call.prompts), call.params.n)
         requests = self._engine_requests(call)
         ranked = [call.model.backend.rank(r, call.hints) for r in requests]
-        ticket = call.model.admission.try_admit()
+        ticket = call.model.admission.try_admit(len(requests))
         return start_dispatch(self.metrics, call.model, requests, ranked, ticket, call.request_id)
+
+    def check_fanout(self, prompts: int, n: int) -> None:
+        """One API request becomes prompts × n engine requests; each is a slot in the engine."""
+        if prompts * n > self.max_fanout:
+            raise SluiceError(f"this request asks for {prompts} prompts × n={n} = {prompts * n} generations; "
+                              f"at most {self.max_fanout} are allowed per request", ErrorKind.INVALID_ARG,
+                              param="n" if prompts == 1 else "prompt")
 
     def ready(self) -> bool:
         return self.registry.ready()

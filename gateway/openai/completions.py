@@ -9,7 +9,7 @@ from engines.errors import ErrorKind, SluiceError
 from gateway.llm.service import GenerateCall
 from gateway.openai import completion_output
 from gateway.openai.params import generation_params
-from gateway.openai.prompts import completion_prompts
+from gateway.openai.prompts import completion_prompts, prompt_count
 from gateway.openai.schemas import CompletionRequest
 from gateway.openai.sse import new_id, sse, unless_disconnected
 from gateway.state import hints_from, state_of
@@ -26,6 +26,7 @@ async def completions(body: CompletionRequest, request: Request) -> Response:
         raise SluiceError("best_of different from n is not supported", ErrorKind.UNSUPPORTED, param="best_of")
     if body.suffix:
         raise SluiceError("suffix is not supported by this model", ErrorKind.UNSUPPORTED, param="suffix")
+    st.llm.check_fanout(prompt_count(body.prompt), body.n)  # before tokenizing thousands of prompts
     prompts = completion_prompts(model, body.prompt)
     call = GenerateCall(model, prompts, generation_params(body), new_id("cmpl"), cache_salt=body.cache_salt,
                         hints=hints_from(request))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from engines.errors import ErrorKind, SluiceError
 from gateway.llm.params import GenerationParams
 from gateway.openai.schemas import ChatCompletionRequest, CompletionRequest
 
@@ -10,8 +11,19 @@ def requested_logprobs(body: ChatCompletionRequest | CompletionRequest) -> int |
     """Top alternatives per token, or None. Chat asks `logprobs: true, top_logprobs: k`;
     completions ask `logprobs: k`."""
     if isinstance(body, ChatCompletionRequest):
-        return int(body.top_logprobs or 0) if body.logprobs else None
+        return (body.top_logprobs or 0) if body.logprobs else None
     return body.logprobs
+
+
+def logit_bias(raw: dict[str, float] | None) -> tuple[tuple[int, float], ...]:
+    """OpenAI keys the map by token id as a string."""
+    out = []
+    for key, bias in (raw or {}).items():
+        if not key.lstrip("-").isdigit() or len(key) > 12:
+            raise SluiceError(f"Invalid value for 'logit_bias': key {key[:20]!r} is not a token id",
+                              ErrorKind.INVALID_ARG, param="logit_bias")
+        out.append((int(key), bias))
+    return tuple(out)
 
 
 def generation_params(body: ChatCompletionRequest | CompletionRequest) -> GenerationParams:
@@ -31,6 +43,7 @@ def generation_params(body: ChatCompletionRequest | CompletionRequest) -> Genera
         presence_penalty=body.presence_penalty,
         frequency_penalty=body.frequency_penalty,
         logprobs=requested_logprobs(body),
+        logit_bias=logit_bias(body.logit_bias),
         include_stop_str_in_output=body.include_stop_str_in_output,
         n=body.n,
     )

@@ -54,14 +54,19 @@ def render_chat(model: LLMModel, messages: list[ChatMessage], body: ChatTemplate
                           param="messages") from None
 
 
+def _prompt_items(prompt: Any) -> list[Any]:
+    if isinstance(prompt, str) or (prompt and all(isinstance(t, int) for t in prompt)):
+        return [prompt]
+    return list(prompt)
+
+
+def prompt_count(prompt: Any) -> int:
+    return len(_prompt_items(prompt))
+
+
 def completion_prompts(model: LLMModel, prompt: Any) -> list[Prompt]:
     """Normalise the four prompt forms (text, texts, ids, lists of ids) into Prompts."""
-    if isinstance(prompt, str):
-        items: list[Any] = [prompt]
-    elif prompt and all(isinstance(t, int) for t in prompt):
-        items = [prompt]
-    else:
-        items = list(prompt)
+    items = _prompt_items(prompt)
     out = []
     for i, item in enumerate(items):
         if isinstance(item, str):

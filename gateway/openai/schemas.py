@@ -13,7 +13,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 
 class _Base(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    # NaN and infinities are not numbers a client may send (Python's JSON parser accepts them).
+    model_config = ConfigDict(extra="allow", allow_inf_nan=False)
 
 
 class StreamOptions(_Base):
@@ -22,44 +23,31 @@ class StreamOptions(_Base):
 
 
 class _Sampling(_Base):
-    model: str
-    max_tokens: int | None = Field(default=None, ge=0)
-    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
-    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
-    n: int = Field(default=1, ge=1, le=128)
+    """Types only: the ranges (and the limits that depend on the model, such as top_k against
+    the vocabulary) are checked once, protocol-neutrally, by `gateway.llm.params.check`."""
+
+    model: str = Field(max_length=256)
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    n: int = 1
     stop: str | list[str] | None = None
     seed: int | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
-    presence_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
-    frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
-    user: str | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logit_bias: dict[str, float] | None = None
+    user: str | None = Field(default=None, max_length=256)
     # vLLM-style extras, honoured when the engine supports them.
     top_k: int | None = None
-    min_p: float = Field(default=0.0, ge=0.0, le=1.0)
-    repetition_penalty: float = Field(default=1.0, gt=0.0)
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
     stop_token_ids: list[int] | None = None
     ignore_eos: bool = False
-    min_tokens: int = Field(default=0, ge=0)
+    min_tokens: int = 0
     include_stop_str_in_output: bool = False
-    cache_salt: str | None = None
-
-    @field_validator("stop")
-    @classmethod
-    def _stop(cls, v: str | list[str] | None) -> str | list[str] | None:
-        items = [v] if isinstance(v, str) else (v or [])
-        if len(items) > 16:
-            raise ValueError("at most 16 stop sequences are allowed")
-        if any(s == "" for s in items):
-            raise ValueError("stop sequences must not be empty")
-        return v
-
-    @field_validator("top_k")
-    @classmethod
-    def _top_k(cls, v: int | None) -> int | None:
-        if v is not None and v != -1 and v < 1:
-            raise ValueError("top_k must be -1 (disabled) or >= 1")
-        return v
+    cache_salt: str | None = Field(default=None, max_length=256)
 
 
 class ContentPart(_Base):
@@ -86,9 +74,9 @@ class ChatTemplateFields(_Base):
 
 class ChatCompletionRequest(ChatTemplateFields, _Sampling):
     messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: int | None = Field(default=None, ge=0)
+    max_completion_tokens: int | None = None
     logprobs: bool = False
-    top_logprobs: int | None = Field(default=None, ge=0, le=20)
+    top_logprobs: int | None = None
     tool_choice: Any = None
     response_format: dict[str, Any] | None = None
 
@@ -102,8 +90,8 @@ class ChatCompletionRequest(ChatTemplateFields, _Sampling):
 class CompletionRequest(_Sampling):
     prompt: str | list[str] | list[int] | list[list[int]]
     echo: bool = False
-    logprobs: int | None = Field(default=None, ge=0, le=20)
-    best_of: int | None = Field(default=None, ge=1)
+    logprobs: int | None = None
+    best_of: int | None = None
     suffix: str | None = None
 
     @field_validator("prompt")

@@ -1,11 +1,12 @@
 from __future__ import annotations
 
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.servers import Server, llm_only_repository, start_server
+from tests.servers import DEFAULT_REPO, Server, llm_only_repository, start_server
 
 
 @pytest.fixture(scope="session")
@@ -13,6 +14,18 @@ def llm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     """The gateway with the default LLM on the in-process transformers engine."""
     tmp = tmp_path_factory.mktemp("llm")
     repo = llm_only_repository(tmp)
+    server = start_server(["--model-repository", str(repo)], tmp / "server.log", grpc=True)
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def full_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """The default LLM plus a classic model (digits_onnx), HTTP and gRPC: what a hostile
+    client can reach, and what must still answer after every refusal."""
+    tmp = tmp_path_factory.mktemp("full")
+    repo = llm_only_repository(tmp)
+    shutil.copytree(DEFAULT_REPO / "digits_onnx", repo / "digits_onnx")
     server = start_server(["--model-repository", str(repo)], tmp / "server.log", grpc=True)
     yield server
     server.stop()

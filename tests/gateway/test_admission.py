@@ -41,3 +41,26 @@ def test_config_validation() -> None:
         AdmissionConfig(max_running=0)
     with pytest.raises(ValueError):
         AdmissionConfig(max_queued=-1)
+
+
+async def test_fan_out_counts_as_its_engine_requests() -> None:
+    """n=4 takes 4 of the model's slots: with 6 slots, a second n=4 request waits, and it is
+    woken before a later small request that would fit (arrival order, no starvation)."""
+    a = Admission(AdmissionConfig(max_running=6, max_queued=8))
+    wide = a.try_admit(4)
+    assert wide.admitted and a.running == 4
+    second = a.try_admit(4)
+    small = a.try_admit(1)
+    assert not second.admitted and not small.admitted and a.queued == 5
+    with pytest.raises(QueueFull):
+        a.try_admit(4)  # 5 + 4 engine requests would exceed the 8 queue places
+    wide.release()
+    assert second.admitted and small.admitted and a.running == 5 and a.queued == 0
+
+
+def test_a_request_wider_than_the_model_takes_all_of_it() -> None:
+    a = Admission(AdmissionConfig(max_running=2, max_queued=0))
+    t = a.try_admit(10)
+    assert t.admitted and a.running == 2
+    with pytest.raises(QueueFull):
+        a.try_admit(1)
