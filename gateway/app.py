@@ -62,7 +62,9 @@ def create_app(settings: Settings, llm_specs: list[LLMSpec] | None = None) -> Fa
         known = state.llm.registry.has(model) or (state.embeddings is not None and model in state.embeddings.models)
         state.metrics.requests.labels(route, model if known else "", str(status)).inc()
 
-    app.add_middleware(SluiceMiddleware, max_body_bytes=settings.max_body_bytes, observe=observe)
+    app.add_middleware(SluiceMiddleware, max_body_bytes=settings.max_body_bytes,
+                       max_inflight=settings.max_inflight_requests, body_timeout_s=settings.body_timeout_s,
+                       observe=observe)
     for module in (chat, completions, embeddings, models, tokenize, ops, admin):
         app.include_router(module.router)
     if state.classic is not None:

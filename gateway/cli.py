@@ -42,7 +42,10 @@ def _serve_parser(sub: Any) -> None:
     p.add_argument("--max-running", type=int, help="admitted requests per model [64]")
     p.add_argument("--max-queued", type=int, help="queued requests per model before 503 [256]")
     p.add_argument("--max-fanout", type=int, help="engine requests (prompts × n) one API request may create [128]")
-    p.add_argument("--max-body-bytes", type=int, help="larger request bodies get 413 [8 MiB]")
+    p.add_argument("--max-body-bytes", type=int, help="larger request bodies, raw or inflated, get 413 [8 MiB]")
+    p.add_argument("--max-inflight-requests", type=int, help="concurrent HTTP requests before 503 [1024]")
+    p.add_argument("--header-timeout-s", type=float, help="time a client may take to send its headers [10]")
+    p.add_argument("--body-timeout-s", type=float, help="time a client may take to send its body [30]")
     p.add_argument("--max-batch-size", dest="engine_max_batch_size", type=int,
                    help="in-process engine batch size [32]")
     p.add_argument("--log-level", help="[SLUICE_LOG_LEVEL; info]")

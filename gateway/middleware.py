@@ -1,17 +1,17 @@
-"""Pure ASGI middleware: request ids, body-size limit, last-resort 500s, access log without prompts."""
+"""Pure ASGI middleware: request ids, body limits, in-flight bound, last-resort 500s, access log without prompts."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from starlette.exceptions import HTTPException
-
 from engines.errors import ErrorKind, SluiceError
 from gateway.errors import error_bytes
+from gateway.limits import BodyTooLarge, check_json_depth, read_body
 
 log = logging.getLogger("sluice.access")
 
@@ -22,25 +22,21 @@ Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 
-class BodyTooLarge(HTTPException):
-    """Raised from `receive`; FastAPI re-raises HTTPExceptions met while reading a
-    body, so the app's own error handlers answer 413 in the route's format."""
-
-    def __init__(self, limit: int) -> None:
-        super().__init__(413, f"Request body exceeds the limit of {limit} bytes.")
-
-
 class SluiceMiddleware:
-    """Echoes X-Request-Id, refuses bodies over `max_body_bytes` with 413 (by
-    Content-Length, or while streaming a chunked body), answers an exception that
-    escapes before the response started with a 500 in the route's protocol, and
-    logs one line per request: method, path, status, duration and body size,
-    never the body."""
+    """Before the app runs: refuses more than `max_inflight` concurrent requests (503),
+    reads the body within `max_body_bytes` (413, by Content-Length or while reading;
+    gzip and deflate bodies are inflated within the same bound), and refuses JSON nested
+    too deep (400). Then it echoes X-Request-Id, answers an exception that escapes before
+    the response started with a 500 in the route's protocol, and logs one line per request:
+    method, path, status, duration and body size, never the body."""
 
-    def __init__(self, app: ASGIApp, max_body_bytes: int,
+    def __init__(self, app: ASGIApp, max_body_bytes: int, max_inflight: int = 1024, body_timeout_s: float = 30.0,
                  observe: Callable[[str, str, int], None] | None = None) -> None:
         self.app = app
         self.max_body_bytes = max_body_bytes
+        self.body_timeout_s = body_timeout_s
+        self.max_inflight = max_inflight
+        self.inflight = 0
         self.observe = observe  # (route template, model, status) per finished request
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -51,17 +47,7 @@ class SluiceMiddleware:
         request_id = headers.get("x-request-id") or uuid.uuid4().hex
         t0 = time.monotonic()
         status = {"code": 0}
-        size = {"bytes": 0}
-        declared = headers.get("content-length")
-        too_large = bool(declared and declared.isdigit() and int(declared) > self.max_body_bytes)
-
-        async def limited_receive() -> Message:
-            message = await receive()
-            if message["type"] == "http.request":
-                size["bytes"] += len(message.get("body", b""))
-                if size["bytes"] > self.max_body_bytes:
-                    raise BodyTooLarge(self.max_body_bytes)
-            return message
+        size = 0
 
         async def tagged_send(message: Message) -> None:
             if message["type"] == "http.response.start":
@@ -71,13 +57,14 @@ class SluiceMiddleware:
                 message = {**message, "headers": hdrs}
             await send(message)
 
+        self.inflight += 1
         try:
-            if too_large:
-                raise BodyTooLarge(self.max_body_bytes)
-            await self.app(scope, limited_receive, tagged_send)
-        except BodyTooLarge:
-            if status["code"] == 0:
-                status["code"] = await self._too_large(scope, send, request_id)
+            scope, replay, size = await self._prepare(scope, headers, receive)
+            await self.app(scope, replay, tagged_send)
+        except SluiceError as e:  # refused before the app ran
+            if status["code"] != 0:
+                raise
+            status["code"] = await self._send_error(scope, send, request_id, e)
         except Exception:
             log.exception("unhandled error on %s %s", scope.get("method"), scope.get("path"))
             if status["code"] != 0:
@@ -85,18 +72,51 @@ class SluiceMiddleware:
             status["code"] = await self._send_error(scope, send, request_id, SluiceError(
                 "The server had an error while processing your request.", ErrorKind.INTERNAL))
         finally:
-            code = status["code"] or 500
-            if self.observe is not None:
-                route = scope.get("route")
-                template = getattr(route, "path", None) or "unmatched"
-                model = str(scope.get("state", {}).get("sluice_model", ""))
-                self.observe(template, model, code)
-            log.info("%s %s %s %.1fms body=%dB", scope.get("method"), scope.get("path"), code,
-                     (time.monotonic() - t0) * 1000, size["bytes"])
+            self.inflight -= 1
+            self._finished(scope, status["code"] or 500, size, t0)
 
-    async def _too_large(self, scope: Scope, send: Send, request_id: str) -> int:
-        return await self._send_error(scope, send, request_id, SluiceError(
-            f"Request body exceeds the limit of {self.max_body_bytes} bytes.", ErrorKind.TOO_LARGE))
+    async def _prepare(self, scope: Scope, headers: dict[str, str], receive: Receive
+                       ) -> tuple[Scope, Receive, int]:
+        """The scope and a `receive` that replays the checked body, and the body's wire size."""
+        if self.inflight > self.max_inflight:
+            raise SluiceError(f"The server is handling {self.max_inflight} requests; retry later.",
+                              ErrorKind.OVERLOADED, code="server_busy", retry_after_s=1.0)
+        declared = headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > self.max_body_bytes:
+            raise BodyTooLarge(self.max_body_bytes)
+        encoding = headers.get("content-encoding", "")
+        try:
+            async with asyncio.timeout(self.body_timeout_s):
+                body, wire = await read_body(receive, encoding, self.max_body_bytes)
+        except TimeoutError:
+            raise SluiceError(f"The request body did not arrive within {self.body_timeout_s:g} s.",
+                              ErrorKind.INVALID_ARG) from None
+        if "json" in headers.get("content-type", ""):
+            check_json_depth(body)
+        if encoding.strip().lower() not in ("", "identity"):
+            # The app sees the inflated body as if it had been sent plain.
+            kept = [(k, v) for k, v in scope.get("headers", []) if k.lower() not in
+                    (b"content-encoding", b"content-length")]
+            scope = {**scope, "headers": [*kept, (b"content-length", str(len(body)).encode())]}
+        sent = False
+
+        async def replay() -> Message:
+            nonlocal sent
+            if not sent:
+                sent = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()  # after the body: only the disconnect is left to see
+
+        return scope, replay, wire
+
+    def _finished(self, scope: Scope, code: int, size: int, t0: float) -> None:
+        if self.observe is not None:
+            route = scope.get("route")
+            template = getattr(route, "path", None) or "unmatched"
+            model = str(scope.get("state", {}).get("sluice_model", ""))
+            self.observe(template, model, code)
+        log.info("%s %s %s %.1fms body=%dB", scope.get("method"), scope.get("path"), code,
+                 (time.monotonic() - t0) * 1000, size)
 
     async def _send_error(self, scope: Scope, send: Send, request_id: str, exc: SluiceError) -> int:
         status, payload, headers = error_bytes(scope.get("path", ""), exc)

@@ -36,7 +36,10 @@ class Settings(BaseSettings):
     max_running: int = Field(default=AdmissionConfig().max_running, ge=1)  # admitted requests per model
     max_queued: int = Field(default=AdmissionConfig().max_queued, ge=0)  # waiting requests per model before 503
     max_fanout: int = Field(default=128, ge=1, le=4096)  # engine requests (prompts × n) per API request
-    max_body_bytes: int = Field(default=8 * 1024 * 1024, ge=1024)
+    max_body_bytes: int = Field(default=8 * 1024 * 1024, ge=1024)  # raw and inflated
+    max_inflight_requests: int = Field(default=1024, ge=1)  # concurrent HTTP requests before 503
+    header_timeout_s: float = Field(default=10.0, gt=0.0)  # a client's time to send its request headers
+    body_timeout_s: float = Field(default=30.0, gt=0.0)  # ... and its body
     sse_ping_s: float = Field(default=5.0, gt=0.0)
     engine_max_batch_size: int = Field(default=32, ge=1)
     served_llms: tuple[str, ...] = ()  # restrict which LLMs of the repository to load (empty: all)

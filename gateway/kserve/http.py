@@ -8,11 +8,9 @@ model failure). A bad request never affects other requests.
 from __future__ import annotations
 
 import base64
-import gzip
 import inspect
 import json
 import logging
-import zlib
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -48,16 +46,8 @@ async def guarded(call: Callable[[], Awaitable[Response] | Response]) -> Respons
 
 
 async def read_body(request: Request) -> bytes:
-    body = await request.body()
-    encoding = request.headers.get("content-encoding", "").lower()
-    try:
-        if encoding == "gzip":
-            return gzip.decompress(body)
-        if encoding == "deflate":
-            return zlib.decompress(body)
-    except (OSError, zlib.error) as exc:
-        raise invalid(f"cannot decompress the {encoding} request body: {exc}") from None
-    return body
+    """The request body; the middleware already bounded it and inflated gzip/deflate."""
+    return await request.body()
 
 
 async def read_json(request: Request) -> dict[str, Any]:

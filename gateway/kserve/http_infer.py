@@ -20,6 +20,7 @@ from engines.classic.dtypes import numpy_to_wire
 from engines.classic.errors import invalid
 from gateway.kserve import codec
 from gateway.kserve.views import int_param
+from gateway.limits import check_json_depth
 
 
 @dataclass(slots=True)
@@ -45,6 +46,7 @@ def decode_request(body: bytes, header_length: str | None) -> HttpInferRequest:
             raise invalid(f"Inference-Header-Content-Length {length} exceeds the body size {len(body)}")
     else:
         length = len(body)
+    check_json_depth(memoryview(body)[:length])
     try:
         header = json.loads(body[:length])
     except (ValueError, UnicodeDecodeError) as exc:
