@@ -11,6 +11,24 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from engines.chat_cache import ChatRenderCache, prefix_keys
+
+
+def _safe_cut_ids(backend: Any) -> set[int]:
+    """Special tokens before which a text may be cut and tokenized in two halves with the same
+    result: those that strip no whitespace on their left, checked on a probe text."""
+    safe = set()
+    for token_id, added in backend.get_added_tokens_decoder().items():
+        if not added.special or added.lstrip:
+            continue
+        probe_left, probe_right = "a b\n", f"{added.content}x y"
+        whole = backend.encode(probe_left + probe_right, add_special_tokens=False).ids
+        parts = (backend.encode(probe_left, add_special_tokens=False).ids
+                 + backend.encode(probe_right, add_special_tokens=False).ids)
+        if whole == parts:
+            safe.add(int(token_id))
+    return safe
+
 
 class ChatTokenizer:
     """Thread-safe for reads; tokenizers' Rust core releases the GIL."""
@@ -23,6 +41,9 @@ class ChatTokenizer:
         self._tok = tokenizer
         self.vocab_size = len(tokenizer)
         self.eos_token_id = tokenizer.eos_token_id
+        backend = getattr(tokenizer, "backend_tokenizer", None)
+        # Incremental chat tokenization needs the fast tokenizer's offsets; a slow one renders in full.
+        self._chats = ChatRenderCache(self._encode_offsets, _safe_cut_ids(backend)) if backend else None
 
     @property
     def has_chat_template(self) -> bool:
@@ -49,7 +70,14 @@ class ChatTokenizer:
             **(template_kwargs or {}),
         )
         # The template already contains the special tokens; do not add BOS twice.
-        return list(self._tok.encode(str(text), add_special_tokens=False))
+        if self._chats is None:
+            return list(self._tok.encode(str(text), add_special_tokens=False))
+        context = [tools, add_generation_prompt, continue_final_message, template_kwargs]
+        return self._chats.tokenize(str(text), prefix_keys(messages, context))
+
+    def _encode_offsets(self, text: str) -> tuple[list[int], list[int]]:
+        enc = self._tok.backend_tokenizer.encode(text, add_special_tokens=False)
+        return list(enc.ids), [start for start, _ in enc.offsets]
 
     def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
         return list(self._tok.encode(text, add_special_tokens=add_special_tokens))

@@ -18,6 +18,7 @@ from gateway.llm.workers import WorkerPool
 from gateway.metrics import EngineStatsCollector, LLMMetrics
 from gateway.middleware import SluiceMiddleware
 from gateway.openai import chat, completions, embeddings, models, tokenize
+from gateway.render import Renderer
 from gateway.settings import Settings
 from gateway.state import AppState
 from router import Router
@@ -35,8 +36,9 @@ def build_state(settings: Settings) -> AppState:
         shared = RedisSharedState(RedisStateConfig(url=settings.redis_url))
     # The router and worker pool exist in every gateway, so workers can register at any time.
     router = Router(settings.router_config(), registry, shared)
+    renderer = Renderer(settings.template_timeout_s, settings.template_threads, settings.allow_client_chat_templates)
     state = AppState(settings=settings, registry=registry, metrics=metrics, llm=llm, router=router,
-                     workers=WorkerPool(llm.registry, router, settings.model_repository))
+                     workers=WorkerPool(llm.registry, router, settings.model_repository), renderer=renderer)
     if settings.model_repository is not None:
         state.classic = ModelRepositoryManager(settings.model_repository, control_mode=settings.model_control_mode,
                                                startup_models=list(settings.load_models))

@@ -48,6 +48,9 @@ def _serve_parser(sub: Any) -> None:
     p.add_argument("--body-timeout-s", type=float, help="time a client may take to send its body [30]")
     p.add_argument("--max-batch-size", dest="engine_max_batch_size", type=int,
                    help="in-process engine batch size [32]")
+    p.add_argument("--template-timeout-s", type=float, help="time limit of one chat-template render [5]")
+    p.add_argument("--allow-client-chat-templates", action="store_true",
+                   help="let requests carry their own chat_template (a template is code the server runs)")
     p.add_argument("--log-level", help="[SLUICE_LOG_LEVEL; info]")
 
 

@@ -42,6 +42,9 @@ class Settings(BaseSettings):
     body_timeout_s: float = Field(default=30.0, gt=0.0)  # ... and its body
     sse_ping_s: float = Field(default=5.0, gt=0.0)
     engine_max_batch_size: int = Field(default=32, ge=1)
+    template_timeout_s: float = Field(default=5.0, gt=0.0)  # one chat-template render, off the event loop
+    template_threads: int = Field(default=4, ge=1, le=64)  # renders at once; beyond it 503
+    allow_client_chat_templates: bool = False  # a template is code the server runs
     served_llms: tuple[str, ...] = ()  # restrict which LLMs of the repository to load (empty: all)
     # repr=False: settings get logged; the key must never be.
     admin_key: str | None = Field(default=None, repr=False)

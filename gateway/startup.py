@@ -50,6 +50,7 @@ async def lifespan(state: AppState, llm_specs: list[LLMSpec] | None) -> AsyncIte
         if state.classic is not None:
             await state.classic.stop()
         await stop_local_engines(state.llm.registry)
+        state.renderer.close()
 
 
 async def bootstrap(state: AppState, llm_specs: list[LLMSpec] | None) -> None:

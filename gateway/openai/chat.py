@@ -21,7 +21,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
     request.state.sluice_model = body.model
     st = state_of(request)
     model = st.llm.get(body.model)
-    ids = render_chat(model, body.messages, body)
+    ids = await render_chat(st.renderer, model, body.messages, body)
     # The worker's own chat endpoint gets the client's body (tools, response_format,
     # vLLM extras); the validated sampling parameters are laid over it per choice.
     forward = body.model_dump(exclude_unset=True, exclude_none=True)

@@ -1,15 +1,17 @@
-"""OpenAI prompts to token ids: chat messages through the model's own template, and the
-four completion prompt forms. `/v1/chat/completions` and `/tokenize` share `render_chat`,
-so both produce exactly the ids the engine is sent."""
+"""OpenAI prompts to token ids: chat messages through the model's own template (`render_chat`,
+shared by chat and `/tokenize`, so both give exactly the ids the engine is sent), and the four
+completion prompt forms."""
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 from engines.errors import ErrorKind, SluiceError
 from gateway.llm.registry import LLMModel
 from gateway.llm.service import Prompt
 from gateway.openai.schemas import ChatMessage, ChatTemplateFields
+from gateway.render import Renderer
 
 
 def template_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
@@ -37,16 +39,37 @@ def template_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
     return out
 
 
-def render_chat(model: LLMModel, messages: list[ChatMessage], body: ChatTemplateFields) -> list[int]:
-    """Token ids of the conversation as the engine will see them."""
+# apply_chat_template's own arguments: a client's template kwargs must not override them.
+_RESERVED_KWARGS = frozenset({"tokenize", "tools", "documents", "add_generation_prompt", "continue_final_message",
+                              "return_dict", "return_tensors", "return_assistant_tokens_mask", "padding",
+                              "truncation", "max_length", "tokenizer_kwargs", "conversation"})
+
+
+async def render_chat(renderer: Renderer, model: LLMModel, messages: list[ChatMessage], body: ChatTemplateFields
+                      ) -> list[int]:
+    """Token ids of the conversation as the engine will see them; chat and /tokenize both call this.
+
+    Client-supplied templates (`chat_template`, or `chat_template_kwargs.chat_template`) are refused
+    unless the operator opts in. The render runs off the event loop, within the renderer's limits."""
+    kwargs = dict(body.chat_template_kwargs or {})
+    if (body.chat_template or kwargs.get("chat_template")) is not None and not renderer.allow_client_templates:
+        raise SluiceError("client-supplied chat templates are not allowed on this server "
+                          "(the operator can allow them with --allow-client-chat-templates)",
+                          ErrorKind.INVALID_ARG, param="chat_template")
+    reserved = sorted(set(kwargs) & _RESERVED_KWARGS)
+    if reserved:
+        raise SluiceError(f"chat_template_kwargs may not set {', '.join(reserved)}", ErrorKind.INVALID_ARG,
+                          param="chat_template_kwargs")
+    if body.chat_template is not None:
+        kwargs["chat_template"] = body.chat_template
+    return await renderer.run(partial(_render, model, template_messages(messages), body, kwargs))
+
+
+def _render(model: LLMModel, messages: list[dict[str, Any]], body: ChatTemplateFields, kwargs: dict[str, Any]
+            ) -> list[int]:
     try:
-        return model.tokenizer.render_chat(
-            template_messages(messages),
-            tools=body.tools,
-            add_generation_prompt=body.add_generation_prompt,
-            continue_final_message=body.continue_final_message,
-            template_kwargs=body.chat_template_kwargs,
-        )
+        return model.tokenizer.render_chat(messages, tools=body.tools, add_generation_prompt=body.add_generation_prompt,
+                                           continue_final_message=body.continue_final_message, template_kwargs=kwargs)
     except SluiceError:
         raise
     except Exception as e:  # template errors are the caller's (bad roles, bad tool schema)

@@ -70,6 +70,7 @@ class ChatTemplateFields(_Base):
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     chat_template_kwargs: dict[str, Any] | None = None
+    chat_template: str | None = None  # vLLM's extra; refused unless the operator allows client templates
 
 
 class ChatCompletionRequest(ChatTemplateFields, _Sampling):

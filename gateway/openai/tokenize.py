@@ -16,7 +16,7 @@ router = APIRouter()
 async def tokenize(body: TokenizeRequest, request: Request) -> JSONResponse:
     model = state_of(request).llm.get(body.model)
     if body.messages is not None:
-        ids = render_chat(model, body.messages, body)
+        ids = await render_chat(state_of(request).renderer, model, body.messages, body)
     else:
         ids = model.tokenizer.encode(body.prompt or "", add_special_tokens=body.add_special_tokens)
     return JSONResponse({"tokens": ids, "count": len(ids), "max_model_len": model.context_length})
