@@ -27,7 +27,10 @@ sys.path.insert(0, str(ROOT))
 from engines.tokenizer import ChatTokenizer
 from engines.weights import resolve_llm
 
-WORDS = ["harbour", "tide", "cargo", "lantern", "ferry", "pier", "gull", "anchor", "rope", "mast", "sail", "compass", "chart", "reef", "beacon", "keel"]
+WORDS = [
+    "harbour", "tide", "cargo", "lantern", "ferry", "pier", "gull", "anchor", "rope", "mast", "sail",
+    "compass", "chart", "reef", "beacon", "keel",
+]
 
 
 def _timed(fn, repeats: int) -> tuple[float, object]:  # type: ignore[no-untyped-def]

@@ -12,7 +12,10 @@ from engines.tokenizer import ChatTokenizer
 from engines.weights import resolve_llm
 
 ROOT = Path(__file__).resolve().parents[2]
-WORDS = ["the", "river", "runs", "to", "the", "sea", "while", "ships", "sail", "by", "with", "cargo", "of", "silk", "😀", "天気", "<tag>", "\n\n", "", ""]
+WORDS = [
+    "the", "river", "runs", "to", "the", "sea", "while", "ships", "sail", "by", "with", "cargo", "of",
+    "silk", "😀", "天気", "<tag>", "\n\n", "", "",
+]
 
 
 @pytest.fixture(scope="module")
