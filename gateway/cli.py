@@ -15,6 +15,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from engines.classic.manager import CONTROL_MODES
+from gateway.logs import LOG_FORMATS
 from router import POLICIES
 
 _UNSET = argparse.SUPPRESS
@@ -52,6 +53,7 @@ def _serve_parser(sub: Any) -> None:
     p.add_argument("--allow-client-chat-templates", action="store_true",
                    help="let requests carry their own chat_template (a template is code the server runs)")
     p.add_argument("--log-level", help="[SLUICE_LOG_LEVEL; info]")
+    p.add_argument("--log-format", choices=LOG_FORMATS, help="text, or json: one object per line [text]")
 
 
 def _weights(value: str) -> dict[str, float]:

@@ -47,6 +47,7 @@ class SluiceMiddleware:
         request_id = headers.get("x-request-id") or uuid.uuid4().hex
         t0 = time.monotonic()
         status = {"code": 0}
+        seen: dict[str, Any] = {"request_id": request_id}
         size = 0
 
         async def tagged_send(message: Message) -> None:
@@ -55,6 +56,11 @@ class SluiceMiddleware:
                 hdrs = [(k, v) for k, v in message.get("headers", []) if k.lower() != b"x-request-id"]
                 hdrs.append((b"x-request-id", request_id.encode("latin-1")))
                 message = {**message, "headers": hdrs}
+                worker = next((v for k, v in hdrs if k.lower() == b"x-sluice-worker"), None)
+                if worker is not None:
+                    seen["worker"] = worker.decode("latin-1")
+            elif message["type"] == "http.response.body" and "ttfb_ms" not in seen and message.get("body"):
+                seen["ttfb_ms"] = round((time.monotonic() - t0) * 1000, 1)
             await send(message)
 
         self.inflight += 1
@@ -73,7 +79,7 @@ class SluiceMiddleware:
                 "The server had an error while processing your request.", ErrorKind.INTERNAL))
         finally:
             self.inflight -= 1
-            self._finished(scope, status["code"] or 500, size, t0)
+            self._finished(scope, status["code"] or 500, size, t0, seen)
 
     async def _prepare(self, scope: Scope, headers: dict[str, str], receive: Receive
                        ) -> tuple[Scope, Receive, int]:
@@ -109,14 +115,17 @@ class SluiceMiddleware:
 
         return scope, replay, wire
 
-    def _finished(self, scope: Scope, code: int, size: int, t0: float) -> None:
+    def _finished(self, scope: Scope, code: int, size: int, t0: float, seen: dict[str, Any]) -> None:
+        route = scope.get("route")
+        template = getattr(route, "path", None) or "unmatched"
+        model = str(scope.get("state", {}).get("sluice_model", ""))
         if self.observe is not None:
-            route = scope.get("route")
-            template = getattr(route, "path", None) or "unmatched"
-            model = str(scope.get("state", {}).get("sluice_model", ""))
             self.observe(template, model, code)
-        log.info("%s %s %s %.1fms body=%dB", scope.get("method"), scope.get("path"), code,
-                 (time.monotonic() - t0) * 1000, size)
+        duration_ms = round((time.monotonic() - t0) * 1000, 1)
+        # The access line: sizes and timings, never a body. `extra` feeds --log-format json.
+        log.info("%s %s %s %.1fms body=%dB", scope.get("method"), scope.get("path"), code, duration_ms, size,
+                 extra={**seen, "method": scope.get("method"), "path": scope.get("path"), "route": template,
+                        "status": code, "model": model or None, "duration_ms": duration_ms, "body_bytes": size})
 
     async def _send_error(self, scope: Scope, send: Send, request_id: str, exc: SluiceError) -> int:
         status, payload, headers = error_bytes(scope.get("path", ""), exc)

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import logging
-
 import uvicorn
 
+from gateway import logs
 from gateway.app import create_app
 from gateway.http_protocol import protocol_with_header_timeout
 from gateway.llm.local import LLMSpec
@@ -14,11 +13,11 @@ from gateway.settings import Settings
 
 def run(settings: Settings, llm_specs: list[LLMSpec] | None = None) -> None:
     level = settings.log_level
-    logging.basicConfig(level=getattr(logging, level.upper(), logging.INFO),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logs.configure(level, settings.log_format)
     app = create_app(settings, llm_specs)
     # uvicorn's own access log prints query strings; ours logs sizes only. Its connection bound
     # is a backstop above the middleware's request bound, which answers in the route's protocol.
     uvicorn.run(app, host=settings.host, port=settings.http_port, log_level=level, access_log=False,
                 timeout_graceful_shutdown=10, http=protocol_with_header_timeout(settings.header_timeout_s),
-                limit_concurrency=2 * settings.max_inflight_requests, timeout_keep_alive=5)
+                limit_concurrency=2 * settings.max_inflight_requests, timeout_keep_alive=5,
+                log_config=logs.uvicorn_log_config(settings.log_format))

@@ -14,6 +14,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from engines.classic.manager import CONTROL_MODES
 from gateway.llm.admission import AdmissionConfig
+from gateway.logs import LOG_FORMATS
 from router import COST_WEIGHT_NAMES, DEFAULT_POLICY, CostWeights, RouterConfig, validate_redis_url
 
 
@@ -27,6 +28,7 @@ class Settings(BaseSettings):
     model_control_mode: str = "none"
     load_models: tuple[str, ...] = ()
     log_level: str = "info"
+    log_format: str = "text"  # or "json": one object per line
     # LLM serving
     workers: tuple[str, ...] = ()  # remote worker URLs (--worker [NAME=]URL)
     workers_file: Path | None = None  # YAML list of worker records
@@ -63,6 +65,8 @@ class Settings(BaseSettings):
         if self.model_control_mode not in CONTROL_MODES:
             raise ValueError(f"model control mode must be one of {', '.join(CONTROL_MODES)}, "
                              f"got {self.model_control_mode!r}")
+        if self.log_format not in LOG_FORMATS:
+            raise ValueError(f"log format must be one of {', '.join(LOG_FORMATS)}, got {self.log_format!r}")
         self.router_config()
         if self.redis_url is not None:
             validate_redis_url(self.redis_url)
