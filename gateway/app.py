@@ -6,6 +6,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
+from fastapi.middleware.cors import CORSMiddleware
 from prometheus_client import CollectorRegistry
 
 from engines.classic.manager import ModelRepositoryManager
@@ -18,15 +19,22 @@ from gateway.llm.workers import WorkerPool
 from gateway.metrics import EngineStatsCollector, LLMMetrics
 from gateway.middleware import SluiceMiddleware
 from gateway.openai import chat, completions, embeddings, models, tokenize
+from gateway.security.guard import build_security
+from gateway.security.http import AccessMiddleware
 from gateway.settings import Settings
 from gateway.state import AppState
 from router import Router
+
+# Response headers a browser client may read across origins.
+_EXPOSED_HEADERS = ["X-Request-Id", "X-Sluice-Worker", "X-Sluice-Predicted-Cached-Tokens", "X-Sluice-Route-Reason",
+                    "Retry-After"]
 
 
 def build_state(settings: Settings) -> AppState:
     registry = CollectorRegistry()
     metrics = LLMMetrics(registry)
-    llm = LLMService(metrics, settings.admission())
+    security = build_security(settings, registry)
+    llm = LLMService(metrics, settings.admission(), tokens=security.quotas)
     registry.register(EngineStatsCollector(llm.engine_stats))
     shared = None
     if settings.redis_url:
@@ -36,7 +44,7 @@ def build_state(settings: Settings) -> AppState:
     # The router and worker pool exist in every gateway, so workers can register at any time.
     router = Router(settings.router_config(), registry, shared)
     state = AppState(settings=settings, registry=registry, metrics=metrics, llm=llm, router=router,
-                     workers=WorkerPool(llm.registry, router, settings.model_repository))
+                     workers=WorkerPool(llm.registry, router, settings.model_repository), security=security)
     if settings.model_repository is not None:
         state.classic = ModelRepositoryManager(settings.model_repository, control_mode=settings.model_control_mode,
                                                startup_models=list(settings.load_models))
@@ -62,6 +70,12 @@ def create_app(settings: Settings, llm_specs: list[LLMSpec] | None = None) -> Fa
         known = state.llm.registry.has(model) or (state.embeddings is not None and model in state.embeddings.models)
         state.metrics.requests.labels(route, model if known else "", str(status)).inc()
 
+    # Outermost first: request id, 413 and access log; CORS (a preflight needs no key);
+    # access control, before any route runs or reads its body.
+    app.add_middleware(AccessMiddleware, security=state.security, render=errors.error_bytes)
+    if state.security.cors_allow_origins:
+        app.add_middleware(CORSMiddleware, allow_origins=state.security.cors_allow_origins, allow_methods=["*"],
+                           allow_headers=["*"], expose_headers=_EXPOSED_HEADERS)
     app.add_middleware(SluiceMiddleware, max_body_bytes=settings.max_body_bytes, observe=observe)
     for module in (chat, completions, embeddings, models, tokenize, ops, admin):
         app.include_router(module.router)

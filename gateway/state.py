@@ -13,6 +13,7 @@ from gateway.llm.service import LLMService
 from gateway.llm.targets import RouteHints
 from gateway.llm.workers import WorkerPool
 from gateway.metrics import LLMMetrics
+from gateway.security.guard import Security
 from gateway.settings import Settings
 from router import Router
 
@@ -29,6 +30,7 @@ class AppState:
     llm: LLMService
     router: Router
     workers: WorkerPool
+    security: Security  # keys, quotas and their metrics
     classic: ModelRepositoryManager | None = None  # when a repository is served
     embeddings: EmbeddingBridge | None = None
     started_at: float = field(default_factory=time.time)
