@@ -22,7 +22,7 @@ import asyncio
 import redis.asyncio as aioredis
 from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
-from redis.retry import Retry
+from redis.asyncio.retry import Retry
 
 from gateway.security.keys import Limits
 from gateway.security.limits import WINDOW_S, Refusal
@@ -93,9 +93,10 @@ class RedisQuotaStore:
                  lease_ttl_s: float = 30.0) -> None:
         self.prefix = prefix
         self.lease_ttl_ms = int(lease_ttl_s * 1000)
-        # No retries inside a call: a request must not wait on a Redis that is away.
+        # One immediate retry: a pooled connection may be stale after a Redis restart. No more:
+        # a request must not wait on a Redis that is away (QuotaService then goes local at once).
         self._redis = aioredis.Redis.from_url(url, socket_timeout=socket_timeout_s,
-                                              socket_connect_timeout=socket_timeout_s, retry=Retry(NoBackoff(), 0))
+                                              socket_connect_timeout=socket_timeout_s, retry=Retry(NoBackoff(), 1))
         self._admit = self._redis.register_script(_ADMIT)
         self._tokens = self._redis.register_script(_TOKENS)
         self._renew = self._redis.register_script(_RENEW)
