@@ -20,9 +20,9 @@ from __future__ import annotations
 import asyncio
 
 import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
-from redis.asyncio.retry import Retry
 
 from gateway.security.keys import Limits
 from gateway.security.limits import WINDOW_S, Refusal
