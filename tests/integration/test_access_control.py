@@ -45,6 +45,7 @@ KEYS: dict[str, tuple[str, dict[str, int]]] = {
     "rpm": (new_key("rpm"), {"rpm": 2}),
     "http-rpm": (new_key("http-rpm"), {"rpm": 1}),
     "grpc-rpm": (new_key("grpc-rpm"), {"rpm": 1}),
+    "stream-rpm": (new_key("stream-rpm"), {"rpm": 2}),
     "conc": (new_key("conc"), {"concurrency": 1}),
     "tpm": (new_key("tpm"), {"tpm": 40}),
     "emb": (new_key("emb"), {"tpm": 12}),
@@ -254,6 +255,20 @@ def test_rate_limits_over_kserve_http_and_grpc(server: Server) -> None:
     with pytest.raises(InferenceServerException) as e:
         grpc_.get_model_metadata("add_sub", headers=key)
     assert e.value.status() == "StatusCode.RESOURCE_EXHAUSTED"
+
+
+def test_each_request_on_a_grpc_stream_counts(server: Server) -> None:
+    client, answers = grpc_client(server), queue.Queue()
+    client.start_stream(callback=lambda result, error: answers.put((result, error)),
+                        headers=bearer(KEYS["stream-rpm"][0]))
+    try:
+        for i in range(3):
+            client.async_stream_infer("add_sub", add_sub_inputs(grpcclient), request_id=str(i))
+        got = [answers.get(timeout=60) for _ in range(3)]
+    finally:
+        client.stop_stream()
+    errors = [error for _, error in got if error is not None]
+    assert len(errors) == 1 and "requests per minute" in str(errors[0])  # 2 a minute: the stream is not one request
 
 
 def test_concurrent_requests(server: Server) -> None:
