@@ -16,7 +16,7 @@ from prometheus_client import CollectorRegistry
 
 from engines.errors import ErrorKind, SluiceError
 from gateway.security.access import Access
-from gateway.security.keys import KeyEntry, KeyRing, Limits, Principal, from_csv, from_file
+from gateway.security.keys import KeyEntry, KeyRing, Limits, Principal, from_csv, from_file, single
 from gateway.security.metrics import SecurityMetrics
 from gateway.security.quotas import QuotaService
 from gateway.security.redis_store import RedisQuotaStore
@@ -76,7 +76,7 @@ def build_security(settings: Settings, registry: CollectorRegistry) -> Security:
     if settings.api_keys_file is not None:
         api_entries += from_file(settings.api_keys_file)
     admin_entries = from_csv(settings.admin_keys, "SLUICE_ADMIN_KEYS")
-    admin_entries += from_csv(settings.admin_key, "SLUICE_ADMIN_KEY")
+    admin_entries += single(settings.admin_key)
     if settings.admin_keys_file is not None:
         admin_entries += from_file(settings.admin_keys_file)
     api = KeyRing(api_entries, defaults)

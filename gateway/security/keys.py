@@ -112,6 +112,12 @@ def from_csv(value: str | None, origin: str) -> list[KeyEntry]:
     return out
 
 
+def single(value: str | None) -> list[KeyEntry]:
+    """One key taken whole (SLUICE_ADMIN_KEY, which predates the comma-separated lists)."""
+    key = (value or "").strip()
+    return [KeyEntry(digest(key))] if key else []
+
+
 def from_file(path: Path) -> list[KeyEntry]:
     """A YAML list of `{id, key | sha256, rpm, tpm, concurrency}` (or `{keys: [...]}`),
     or a plain file with one key per line (`#` starts a comment line)."""

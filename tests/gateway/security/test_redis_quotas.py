@@ -23,7 +23,7 @@ from tests.redis_server import HAVE_REDIS, RedisServer
 
 pytestmark = [pytest.mark.integration, pytest.mark.skipif(not HAVE_REDIS, reason="redis-server not installed")]
 
-LIMITS = {"k": Limits(rpm=2, tpm=60, concurrency=1)}
+LIMITS = {"k": Limits(rpm=2, tpm=60, concurrency=1), "k2": Limits(concurrency=2)}
 REGISTRIES: dict[int, CollectorRegistry] = {}
 
 
@@ -114,29 +114,33 @@ async def test_tokens_are_shared(replicas: Replicas) -> None:
 async def test_a_dead_replicas_slot_expires_and_a_live_one_renews(replicas: Replicas,
                                                                    redis_server: RedisServer) -> None:
     dead = await replicas.new(lease_ttl_s=0.6, start=False)  # never renews, as if its process had died
-    await dead.admit("k", count=False)
+    live = await replicas.new(lease_ttl_s=0.6)
     other = await replicas.new()
+    await dead.admit("k2", count=False)
+    await live.admit("k2", count=False)  # its renewals keep the slots key itself alive
+    client, slots = redis_server.client(), f"{replicas.prefix}:{{k2}}:slots"
+    (live_lease, first_expiry), = [(m, score) for m, score in client.zrange(slots, 0, -1, withscores=True)
+                                   if m.decode().startswith(live._replica)]
 
     async def admitted() -> bool:
         try:
-            other.finish(await other.admit("k", count=False))
+            other.finish(await other.admit("k2", count=False))
         except SluiceError:
             return False
         await other.flush()
         return True
 
+    assert not await admitted()  # both slots held
     await until(admitted, "the dead replica's lease to expire")
-    live = await replicas.new(lease_ttl_s=0.6)
-    await live.admit("k", count=False)
-    client = redis_server.client()
-    slots = f"{replicas.prefix}:{{k}}:slots"
-    (member, first_expiry), = client.zrange(slots, 0, -1, withscores=True)
 
     async def renewed_twice() -> bool:
-        return (client.zscore(slots, member) or 0) > first_expiry + 0.5 * 0.6 * 1e6
+        return (client.zscore(slots, live_lease) or 0) > first_expiry + 0.5 * 0.6 * 1e6
 
     await until(renewed_twice, "the live replica to renew its lease")
-    assert not await admitted()  # older than its first TTL, and still held
+    held = await other.admit("k2", count=False)  # the dead replica's slot
+    with pytest.raises(SluiceError):  # the live one's, older than its first TTL, is still held
+        await other.admit("k2", count=False)
+    other.finish(held)
 
 
 async def test_outage_falls_back_to_local_quotas_and_recovers(replicas: Replicas, redis_server: RedisServer) -> None:
