@@ -6,6 +6,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
+from fastapi.middleware.cors import CORSMiddleware
 from prometheus_client import CollectorRegistry
 
 from engines.classic.manager import ModelRepositoryManager
@@ -16,18 +17,25 @@ from gateway.llm.local import LLMSpec
 from gateway.llm.service import LLMService
 from gateway.llm.workers import WorkerPool
 from gateway.metrics import EngineStatsCollector, LLMMetrics
-from gateway.middleware import SluiceMiddleware
+from gateway.middleware import BodyLimitMiddleware, SluiceMiddleware
 from gateway.openai import chat, completions, embeddings, models, tokenize
 from gateway.render import Renderer
+from gateway.security.guard import build_security
+from gateway.security.http import AccessMiddleware
 from gateway.settings import Settings
 from gateway.state import AppState
 from router import Router
+
+# Response headers a browser client may read across origins.
+_EXPOSED_HEADERS = ["X-Request-Id", "X-Sluice-Worker", "X-Sluice-Predicted-Cached-Tokens", "X-Sluice-Route-Reason",
+                    "Retry-After"]
 
 
 def build_state(settings: Settings) -> AppState:
     registry = CollectorRegistry()
     metrics = LLMMetrics(registry)
-    llm = LLMService(metrics, settings.admission(), settings.max_fanout)
+    security = build_security(settings, registry)
+    llm = LLMService(metrics, settings.admission(), settings.max_fanout, tokens=security.quotas)
     registry.register(EngineStatsCollector(llm.engine_stats))
     shared = None
     if settings.redis_url:
@@ -38,7 +46,8 @@ def build_state(settings: Settings) -> AppState:
     router = Router(settings.router_config(), registry, shared)
     renderer = Renderer(settings.template_timeout_s, settings.template_threads, settings.allow_client_chat_templates)
     state = AppState(settings=settings, registry=registry, metrics=metrics, llm=llm, router=router,
-                     workers=WorkerPool(llm.registry, router, settings.model_repository), renderer=renderer)
+                     workers=WorkerPool(llm.registry, router, settings.model_repository), renderer=renderer,
+                     security=security)
     if settings.model_repository is not None:
         state.classic = ModelRepositoryManager(settings.model_repository, control_mode=settings.model_control_mode,
                                                startup_models=list(settings.load_models))
@@ -64,9 +73,16 @@ def create_app(settings: Settings, llm_specs: list[LLMSpec] | None = None) -> Fa
         known = state.llm.registry.has(model) or (state.embeddings is not None and model in state.embeddings.models)
         state.metrics.requests.labels(route, model if known else "", str(status)).inc()
 
-    app.add_middleware(SluiceMiddleware, max_body_bytes=settings.max_body_bytes,
-                       max_inflight=settings.max_inflight_requests, body_timeout_s=settings.body_timeout_s,
-                       observe=observe)
+    # Added innermost first. From the outside in: request id, in-flight bound, 500s and the
+    # access log; CORS (a preflight needs no key); access control; then the body limits, so
+    # a stranger cannot make the server read or inflate a body.
+    app.add_middleware(BodyLimitMiddleware, max_body_bytes=settings.max_body_bytes,
+                       body_timeout_s=settings.body_timeout_s)
+    app.add_middleware(AccessMiddleware, security=state.security, render=errors.error_bytes)
+    if state.security.cors_allow_origins:
+        app.add_middleware(CORSMiddleware, allow_origins=state.security.cors_allow_origins, allow_methods=["*"],
+                           allow_headers=["*"], expose_headers=_EXPOSED_HEADERS)
+    app.add_middleware(SluiceMiddleware, max_inflight=settings.max_inflight_requests, observe=observe)
     for module in (chat, completions, embeddings, models, tokenize, ops, admin):
         app.include_router(module.router)
     if state.classic is not None:

@@ -54,6 +54,24 @@ def _serve_parser(sub: Any) -> None:
                    help="let requests carry their own chat_template (a template is code the server runs)")
     p.add_argument("--log-level", help="[SLUICE_LOG_LEVEL; info]")
     p.add_argument("--log-format", choices=LOG_FORMATS, help="text, or json: one object per line [text]")
+    _security_flags(p)
+
+
+def _security_flags(p: argparse.ArgumentParser) -> None:
+    # Key values are never flags (`ps` shows them): SLUICE_API_KEYS / SLUICE_ADMIN_KEYS, or files.
+    p.add_argument("--api-keys-file", type=Path, metavar="PATH",
+                   help="API keys: YAML list of {id, key, rpm, tpm, concurrency}, or one key per line "
+                        "[also SLUICE_API_KEYS, comma-separated]")
+    p.add_argument("--admin-keys-file", type=Path, metavar="PATH",
+                   help="admin keys (repository load/unload, /v1/admin) [also SLUICE_ADMIN_KEYS, SLUICE_ADMIN_KEY]")
+    p.add_argument("--metrics-require-key", action="store_const", const=True,
+                   help="/metrics needs an API or admin key")
+    p.add_argument("--forwarded-allow-ips", metavar="IP,...",
+                   help="proxies trusted for X-Forwarded-For/-Proto (comma-separated, CIDR, '*') [none]")
+    p.add_argument("--cors-allow-origins", metavar="ORIGIN,...", help="CORS origins (comma-separated, '*') [none]")
+    p.add_argument("--quota-rpm", type=int, help="requests per minute per key; 0: unlimited [0]")
+    p.add_argument("--quota-tpm", type=int, help="prompt + completion tokens per minute per key; 0: unlimited [0]")
+    p.add_argument("--quota-concurrency", type=int, help="requests in flight per key; 0: unlimited [0]")
 
 
 def _weights(value: str) -> dict[str, float]:

@@ -58,6 +58,7 @@ class EmbeddingBridge:
             tok_dir = resolve_weights(params["tokenizer"], manager.repo_dir / name, name)
             tok = Tokenizer.from_file(str(Path(tok_dir) / "tokenizer.json"))
             tok.no_truncation()
+            tok.no_padding()  # the shipped tokenizer.json pads to 128: usage and quotas count real tokens
             bridge.models[name] = EmbeddingModel(
                 name, tok, int(params.get("max_input_tokens", "512")), int(params.get("dimensions", "384")),
                 int((manager.repo_dir / name / "config.pbtxt").stat().st_mtime), max(1, cfg.max_batch_size))

@@ -20,21 +20,18 @@ Message = dict[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+BODY_BYTES = "sluice_body_bytes"  # scope state: the body's size on the wire, for the access log
 
 
 class SluiceMiddleware:
-    """Before the app runs: refuses more than `max_inflight` concurrent requests (503),
-    reads the body within `max_body_bytes` (413, by Content-Length or while reading;
-    gzip and deflate bodies are inflated within the same bound), and refuses JSON nested
-    too deep (400). Then it echoes X-Request-Id, answers an exception that escapes before
-    the response started with a 500 in the route's protocol, and logs one line per request:
-    method, path, status, duration and body size, never the body."""
+    """The outermost layer: refuses more than `max_inflight` concurrent requests (503),
+    echoes X-Request-Id, answers an exception that escapes before the response started
+    with a 500 in the route's protocol, and logs one line per request: method, path,
+    status, duration and body size, never the body."""
 
-    def __init__(self, app: ASGIApp, max_body_bytes: int, max_inflight: int = 1024, body_timeout_s: float = 30.0,
+    def __init__(self, app: ASGIApp, max_inflight: int = 1024,
                  observe: Callable[[str, str, int], None] | None = None) -> None:
         self.app = app
-        self.max_body_bytes = max_body_bytes
-        self.body_timeout_s = body_timeout_s
         self.max_inflight = max_inflight
         self.inflight = 0
         self.observe = observe  # (route template, model, status) per finished request
@@ -48,7 +45,6 @@ class SluiceMiddleware:
         t0 = time.monotonic()
         status = {"code": 0}
         seen: dict[str, Any] = {"request_id": request_id}
-        size = 0
 
         async def tagged_send(message: Message) -> None:
             if message["type"] == "http.response.start":
@@ -63,30 +59,80 @@ class SluiceMiddleware:
                 seen["ttfb_ms"] = round((time.monotonic() - t0) * 1000, 1)
             await send(message)
 
+        scope.setdefault("state", {})  # where the inner layers leave what the access log reports
         self.inflight += 1
         try:
-            scope, replay, size = await self._prepare(scope, headers, receive)
-            await self.app(scope, replay, tagged_send)
+            if self.inflight > self.max_inflight:
+                raise SluiceError(f"The server is handling {self.max_inflight} requests; retry later.",
+                                  ErrorKind.OVERLOADED, code="server_busy", retry_after_s=1.0)
+            await self.app(scope, receive, tagged_send)
         except SluiceError as e:  # refused before the app ran
             if status["code"] != 0:
                 raise
-            status["code"] = await self._send_error(scope, send, request_id, e)
+            status["code"] = await send_error(scope, send, e, request_id)
         except Exception:
             log.exception("unhandled error on %s %s", scope.get("method"), scope.get("path"))
             if status["code"] != 0:
                 raise  # the response started: only closing the connection is left
-            status["code"] = await self._send_error(scope, send, request_id, SluiceError(
-                "The server had an error while processing your request.", ErrorKind.INTERNAL))
+            status["code"] = await send_error(scope, send, SluiceError(
+                "The server had an error while processing your request.", ErrorKind.INTERNAL), request_id)
         finally:
             self.inflight -= 1
-            self._finished(scope, status["code"] or 500, size, t0, seen)
+            self._finished(scope, status["code"] or 500, t0, seen)
+
+    def _finished(self, scope: Scope, code: int, t0: float, seen: dict[str, Any]) -> None:
+        route = scope.get("route")
+        template = getattr(route, "path", None) or "unmatched"
+        model = str(scope.get("state", {}).get("sluice_model", ""))
+        if self.observe is not None:
+            self.observe(template, model, code)
+        duration_ms = round((time.monotonic() - t0) * 1000, 1)
+        size = int(scope.get("state", {}).get(BODY_BYTES, 0))
+        # The access line: sizes and timings, never a body. `extra` feeds --log-format json.
+        log.info("%s %s %s %.1fms body=%dB", scope.get("method"), scope.get("path"), code, duration_ms, size,
+                 extra={**seen, "method": scope.get("method"), "path": scope.get("path"), "route": template,
+                        "status": code, "model": model or None, "duration_ms": duration_ms, "body_bytes": size})
+
+
+async def send_error(scope: Scope, send: Send, exc: SluiceError, request_id: str | None = None) -> int:
+    """Answer `exc` in the protocol of the route at the scope's path; returns the status sent."""
+    status, payload, headers = error_bytes(scope.get("path", ""), exc)
+    raw = [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())]
+    if request_id is not None:
+        raw.append((b"x-request-id", request_id.encode("latin-1")))
+    raw += [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()]
+    await send({"type": "http.response.start", "status": status, "headers": raw})
+    await send({"type": "http.response.body", "body": payload})
+    return status
+
+
+class BodyLimitMiddleware:
+    """Inside access control (a stranger cannot make the server read or inflate a body):
+    reads the body within `max_body_bytes` (413, by Content-Length or while reading; gzip and
+    deflate bodies are inflated within the same bound), within `body_timeout_s`, and refuses
+    JSON nested too deep (400). The app then reads the checked body as if it had been sent plain."""
+
+    def __init__(self, app: ASGIApp, max_body_bytes: int, body_timeout_s: float = 30.0) -> None:
+        self.app = app
+        self.max_body_bytes = max_body_bytes
+        self.body_timeout_s = body_timeout_s
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
+        try:
+            scope, replay, size = await self._prepare(scope, headers, receive)
+        except SluiceError as e:
+            await send_error(scope, send, e)
+            return
+        scope.setdefault("state", {})[BODY_BYTES] = size
+        await self.app(scope, replay, send)
 
     async def _prepare(self, scope: Scope, headers: dict[str, str], receive: Receive
                        ) -> tuple[Scope, Receive, int]:
         """The scope and a `receive` that replays the checked body, and the body's wire size."""
-        if self.inflight > self.max_inflight:
-            raise SluiceError(f"The server is handling {self.max_inflight} requests; retry later.",
-                              ErrorKind.OVERLOADED, code="server_busy", retry_after_s=1.0)
         declared = headers.get("content-length", "")
         if declared.isdigit() and int(declared) > self.max_body_bytes:
             raise BodyTooLarge(self.max_body_bytes)
@@ -115,23 +161,3 @@ class SluiceMiddleware:
 
         return scope, replay, wire
 
-    def _finished(self, scope: Scope, code: int, size: int, t0: float, seen: dict[str, Any]) -> None:
-        route = scope.get("route")
-        template = getattr(route, "path", None) or "unmatched"
-        model = str(scope.get("state", {}).get("sluice_model", ""))
-        if self.observe is not None:
-            self.observe(template, model, code)
-        duration_ms = round((time.monotonic() - t0) * 1000, 1)
-        # The access line: sizes and timings, never a body. `extra` feeds --log-format json.
-        log.info("%s %s %s %.1fms body=%dB", scope.get("method"), scope.get("path"), code, duration_ms, size,
-                 extra={**seen, "method": scope.get("method"), "path": scope.get("path"), "route": template,
-                        "status": code, "model": model or None, "duration_ms": duration_ms, "body_bytes": size})
-
-    async def _send_error(self, scope: Scope, send: Send, request_id: str, exc: SluiceError) -> int:
-        status, payload, headers = error_bytes(scope.get("path", ""), exc)
-        raw = [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode()),
-               (b"x-request-id", request_id.encode("latin-1"))]
-        raw += [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()]
-        await send({"type": "http.response.start", "status": status, "headers": raw})
-        await send({"type": "http.response.body", "body": payload})
-        return status

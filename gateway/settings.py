@@ -48,8 +48,20 @@ class Settings(BaseSettings):
     template_threads: int = Field(default=4, ge=1, le=64)  # renders at once; beyond it 503
     allow_client_chat_templates: bool = False  # a template is code the server runs
     served_llms: tuple[str, ...] = ()  # restrict which LLMs of the repository to load (empty: all)
-    # repr=False: settings get logged; the key must never be.
-    admin_key: str | None = Field(default=None, repr=False)
+    # Access control. Key values come from the environment or files only, never from flags
+    # (`ps` shows a command line); repr=False: settings get logged, keys must never be.
+    api_keys: str | None = Field(default=None, repr=False)  # SLUICE_API_KEYS, comma-separated
+    api_keys_file: Path | None = None  # YAML list of {id, key, rpm, tpm, concurrency}, or one key per line
+    admin_key: str | None = Field(default=None, repr=False)  # SLUICE_ADMIN_KEY: one admin key (workers send it)
+    admin_keys: str | None = Field(default=None, repr=False)  # SLUICE_ADMIN_KEYS, comma-separated
+    admin_keys_file: Path | None = None
+    metrics_require_key: bool = False  # /metrics then needs an API or admin key
+    forwarded_allow_ips: str = ""  # proxies whose X-Forwarded-For/-Proto uvicorn applies (comma-separated)
+    cors_allow_origins: str = ""  # comma-separated; empty: no CORS headers
+    # Per-key quotas (0: unlimited); a keys file overrides them per key.
+    quota_rpm: int = Field(default=0, ge=0)
+    quota_tpm: int = Field(default=0, ge=0)
+    quota_concurrency: int = Field(default=0, ge=0)
     # Worker mode (`sluice worker --engine transformers --gateway URL`): register there once ready.
     register_with: str | None = None
     worker_name: str | None = None
@@ -80,5 +92,15 @@ class Settings(BaseSettings):
         weights = CostWeights(**self.routing_weights) if self.routing_weights else CostWeights()
         return RouterConfig(policy=self.routing_policy, weights=weights)
 
+    def forwarded_ips(self) -> list[str]:
+        return _csv(self.forwarded_allow_ips)
+
+    def cors_origins(self) -> list[str]:
+        return _csv(self.cors_allow_origins)
+
     def admission(self) -> AdmissionConfig:
         return AdmissionConfig(self.max_running, self.max_queued)
+
+
+def _csv(value: str) -> list[str]:
+    return [item.strip() for item in value.split(",") if item.strip()]

@@ -32,6 +32,8 @@ _STATIC_WORKER_DEADLINE_S = 900.0  # workers listed at start may still be loadin
 @asynccontextmanager
 async def lifespan(state: AppState, llm_specs: list[LLMSpec] | None) -> AsyncIterator[None]:
     """`llm_specs` overrides the LLMs of the repository (worker mode)."""
+    _announce_access(state)
+    await state.security.quotas.start()
     grpc_server = await _start_grpc(state)
     await state.router.start()
     task = asyncio.create_task(bootstrap(state, llm_specs), name="sluice-bootstrap")
@@ -51,6 +53,7 @@ async def lifespan(state: AppState, llm_specs: list[LLMSpec] | None) -> AsyncIte
             await state.classic.stop()
         await stop_local_engines(state.llm.registry)
         state.renderer.close()
+        await state.security.quotas.stop()
 
 
 async def bootstrap(state: AppState, llm_specs: list[LLMSpec] | None) -> None:
@@ -92,7 +95,21 @@ async def _start_grpc(state: AppState) -> Any:
         return None
     from gateway.kserve.grpc import start_grpc_server
 
-    return await start_grpc_server(state.classic, state.llm, s.host, s.grpc_port)
+    return await start_grpc_server(state.classic, state.llm, s.host, s.grpc_port, state.security)
+
+
+def _announce_access(state: AppState) -> None:
+    s, sec = state.settings, state.security
+    ports = f"HTTP port {s.http_port}" + (f" and gRPC port {s.grpc_port}" if s.grpc_port else "")
+    if not len(sec.api):
+        log.warning("NO API KEYS CONFIGURED: inference is open to anyone who can reach %s. Set SLUICE_API_KEYS "
+                    "or --api-keys-file.", ports)
+    else:
+        log.info("API keys: %d (%s)", len(sec.api), ", ".join(p.id for p in sec.api.principals()))
+    if not len(sec.admin):
+        log.info("no admin key configured: admin routes answer only direct loopback clients")
+    if s.redis_url:
+        log.info("quotas are shared through Redis")
 
 
 async def _add_static_workers(state: AppState) -> None:

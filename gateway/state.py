@@ -14,6 +14,7 @@ from gateway.llm.targets import RouteHints
 from gateway.llm.workers import WorkerPool
 from gateway.metrics import LLMMetrics
 from gateway.render import Renderer
+from gateway.security.guard import Security
 from gateway.settings import Settings
 from router import Router
 
@@ -31,6 +32,7 @@ class AppState:
     router: Router
     workers: WorkerPool
     renderer: Renderer
+    security: Security  # keys, quotas and their metrics
     classic: ModelRepositoryManager | None = None  # when a repository is served
     embeddings: EmbeddingBridge | None = None
     started_at: float = field(default_factory=time.time)

@@ -38,14 +38,17 @@ def parse_body(body: dict[str, Any]) -> tuple[str, dict[str, Any]]:
     return prompt, {**extra, **params}
 
 
-def start(llm: LLMService, name: str, prompt: str, raw_params: dict[str, Any]) -> Dispatch:
-    """Tokenize, validate and dispatch one generate request (domain errors only)."""
+async def start(llm: LLMService, name: str, prompt: str, raw_params: dict[str, Any],
+                key_id: str | None = None) -> Dispatch:
+    """Tokenize, validate and dispatch one generate request (domain errors only); `key_id`'s
+    token quota is charged."""
     model = llm.get(name)
     params = parse_params(raw_params)
     ids = model.tokenizer.encode(prompt)
     if not ids:
         raise invalid("'text_input' is empty after tokenization", param="text_input")
-    return llm.dispatch(GenerateCall(model, [Prompt(ids, prompt)], params, f"gen-{uuid.uuid4().hex}"))
+    return await llm.dispatch(GenerateCall(model, [Prompt(ids, prompt)], params, f"gen-{uuid.uuid4().hex}",
+                                           key_id=key_id))
 
 
 async def text_deltas(d: Dispatch) -> AsyncGenerator[Delta, None]:
@@ -57,8 +60,9 @@ async def text_deltas(d: Dispatch) -> AsyncGenerator[Delta, None]:
             yield delta
 
 
-async def generate_once(llm: LLMService, name: str, version: str, body: dict[str, Any]) -> dict[str, Any]:
-    d = start(llm, name, *parse_body(body))
+async def generate_once(llm: LLMService, name: str, version: str, body: dict[str, Any],
+                        key_id: str | None = None) -> dict[str, Any]:
+    d = await start(llm, name, *parse_body(body), key_id=key_id)
     try:
         text = [delta.text async for delta in text_deltas(d)]
     finally:
@@ -66,8 +70,9 @@ async def generate_once(llm: LLMService, name: str, version: str, body: dict[str
     return {"model_name": name, "model_version": version or "1", "text_output": "".join(text)}
 
 
-async def generate_sse(llm: LLMService, name: str, version: str, body: dict[str, Any]) -> EventSourceResponse:
-    d = start(llm, name, *parse_body(body))
+async def generate_sse(llm: LLMService, name: str, version: str, body: dict[str, Any],
+                       key_id: str | None = None) -> EventSourceResponse:
+    d = await start(llm, name, *parse_body(body), key_id=key_id)
     stream = text_deltas(d)
     try:
         # Pull the first delta before answering, so an engine's refusal gets a status code.

@@ -4,7 +4,9 @@
 the caller stops it. Errors abort the call with the gRPC code matching Triton's
 (INVALID_ARGUMENT, NOT_FOUND, UNAVAILABLE, INTERNAL). For LLM models,
 ModelInfer/ModelStreamInfer take a BYTES `text_input` and answer `text_output`
-(the stream sends one response per delta).
+(the stream sends one response per delta). With a `Security`, every call passes
+its access interceptor first (`gateway.security.grpc`), and each request on a
+ModelStreamInfer stream counts against its key's requests per minute.
 """
 
 from __future__ import annotations
@@ -26,6 +28,10 @@ from gateway.kserve import generate, grpc_infer, views
 from gateway.kserve.errors import grpc_status
 from gateway.llm.dispatch import Dispatch
 from gateway.llm.service import LLMService
+from gateway.security.access import current_key_id
+from gateway.security.grpc import AccessInterceptor
+from gateway.security.guard import Security
+from gateway.security.quotas import QuotaService
 
 log = logging.getLogger("sluice.kserve.grpc")
 MAX_MESSAGE_BYTES = 256 * 1024 * 1024
@@ -36,9 +42,11 @@ async def _abort(context: grpc.aio.ServicerContext, exc: SluiceError) -> None:
 
 
 class KServeServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: ignore[misc]
-    def __init__(self, manager: ModelRepositoryManager, llm_service: LLMService) -> None:
+    def __init__(self, manager: ModelRepositoryManager, llm_service: LLMService,
+                 quotas: QuotaService | None = None) -> None:
         self.m = manager
         self.llm = llm_service
+        self.quotas = quotas
 
     async def _guard(self, context: grpc.aio.ServicerContext, fn: Any, *args: Any) -> Any:
         try:
@@ -120,17 +128,17 @@ class KServeServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: ig
                                      priority, timeout_us, extra, request.id)
         return grpc_infer.encode_response(request.model_name, model.version, request.id, outputs)
 
-    def _llm_start(self, request: pb.ModelInferRequest) -> Dispatch:
+    async def _llm_start(self, request: pb.ModelInferRequest) -> Dispatch:
         inputs = grpc_infer.decode_inputs(request)
         prompt = inputs.get("text_input")
         if prompt is None or prompt.size != 1:
             raise invalid("LLM models take one BYTES 'text_input'")
         params = {k: grpc_infer.param_value(v) for k, v in request.parameters.items()}
         text = prompt.reshape(-1)[0].decode("utf-8", errors="replace")
-        return generate.start(self.llm, request.model_name, text, params)
+        return await generate.start(self.llm, request.model_name, text, params, current_key_id.get())
 
     async def _llm_text(self, request: pb.ModelInferRequest) -> pb.ModelInferResponse:
-        d = self._llm_start(request)
+        d = await self._llm_start(request)
         try:
             text = [delta.text async for delta in generate.text_deltas(d)]
         finally:
@@ -151,6 +159,10 @@ class KServeServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: ig
 
         async def one(request: pb.ModelInferRequest) -> None:
             try:
+                key_id = current_key_id.get()
+                if self.quotas is not None and key_id is not None:
+                    lease = await self.quotas.admit(key_id, hold=False)  # the stream holds the slot
+                    self.quotas.finish(lease)
                 if views.is_llm(self.m, self.llm, request.model_name):
                     await self._stream_llm(request, queue)
                 else:
@@ -181,7 +193,7 @@ class KServeServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: ig
                 task.cancel()
 
     async def _stream_llm(self, request: pb.ModelInferRequest, queue: asyncio.Queue[Any]) -> None:
-        d = self._llm_start(request)
+        d = await self._llm_start(request)
         try:
             async for delta in generate.text_deltas(d):
                 response = self._text_response(request, delta.text, final=delta.finish_reason is not None)
@@ -190,12 +202,15 @@ class KServeServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: ig
             d.close()
 
 
-async def start_grpc_server(manager: ModelRepositoryManager, llm_service: LLMService, host: str, port: int
-                            ) -> grpc.aio.Server:
+async def start_grpc_server(manager: ModelRepositoryManager, llm_service: LLMService, host: str, port: int,
+                            security: Security | None = None) -> grpc.aio.Server:
     """Create, bind and start the KServe gRPC server; raises RuntimeError if the port cannot be bound."""
-    server = grpc.aio.server(options=[("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+    interceptors = [AccessInterceptor(security, grpc_status)] if security is not None else []
+    server = grpc.aio.server(interceptors=interceptors,
+                             options=[("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
                                       ("grpc.max_send_message_length", MAX_MESSAGE_BYTES)])
-    service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(KServeServicer(manager, llm_service), server)
+    servicer = KServeServicer(manager, llm_service, security.quotas if security is not None else None)
+    service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, server)
     if server.add_insecure_port(f"{host}:{port}") == 0:
         raise RuntimeError(f"cannot bind the gRPC server to {host}:{port}")
     await server.start()

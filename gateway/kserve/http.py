@@ -14,7 +14,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response
 
 from engines.classic.errors import Code, InferError, invalid
@@ -24,6 +24,7 @@ from gateway.kserve import generate, views
 from gateway.kserve.errors import http_status, retry_headers
 from gateway.kserve.http_infer import decode_request, encode_response
 from gateway.llm.service import LLMService
+from gateway.security.access import key_id_of, require_admin
 
 log = logging.getLogger("sluice.kserve.http")
 HEADER_LENGTH = "Inference-Header-Content-Length"
@@ -98,7 +99,8 @@ def _repository_routes(router: APIRouter, m: ModelRepositoryManager, llm: LLMSer
             return _json(views.repository_index(m, llm, bool(body.get("ready", False))))
         return await guarded(run)
 
-    @router.post("/v2/repository/models/{name}/load")
+    # Admin only: the access middleware authenticates the admin key; the dependency fails closed.
+    @router.post("/v2/repository/models/{name}/load", dependencies=[Depends(require_admin)])
     async def load(name: str, request: Request) -> Response:
         async def run() -> Response:
             params = (await read_json(request)).get("parameters") or {}
@@ -116,7 +118,7 @@ def _repository_routes(router: APIRouter, m: ModelRepositoryManager, llm: LLMSer
             return Response(status_code=200)
         return await guarded(run)
 
-    @router.post("/v2/repository/models/{name}/unload")
+    @router.post("/v2/repository/models/{name}/unload", dependencies=[Depends(require_admin)])
     async def unload(name: str, request: Request) -> Response:
         async def run() -> Response:
             await read_json(request)
@@ -166,11 +168,12 @@ def _model_routes(router: APIRouter, prefix: str, m: ModelRepositoryManager, llm
     @router.post(prefix + "/generate")
     async def gen(name: str, request: Request, version: str = "") -> Response:
         async def run() -> Response:
-            return _json(await generate.generate_once(llm, name, version, await read_json(request)))
+            return _json(await generate.generate_once(llm, name, version, await read_json(request),
+                                                      key_id_of(request)))
         return await guarded(run)
 
     @router.post(prefix + "/generate_stream")
     async def gen_stream(name: str, request: Request, version: str = "") -> Response:
         async def run() -> Response:
-            return await generate.generate_sse(llm, name, version, await read_json(request))
+            return await generate.generate_sse(llm, name, version, await read_json(request), key_id_of(request))
         return await guarded(run)

@@ -11,7 +11,7 @@ protocol edge calls it when its response ends.
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Callable
 from contextlib import aclosing
 from dataclasses import dataclass, field
 
@@ -31,6 +31,9 @@ class _Choice:
     targets: list[Target]  # ranked, best first; never empty
     current: int = 0  # the target of the open (or last) attempt
     open: bool = False  # the current attempt was dispatched and not yet finished
+    # Tokens generated so far: the engine's count once it reports one, else counted from
+    # the deltas, so a stream the client left early is still charged for what it used.
+    completion_tokens: int = 0
 
 
 @dataclass(slots=True)
@@ -41,6 +44,8 @@ class Dispatch:
     ticket: Ticket
     request_id: str
     created: int = field(default_factory=lambda: int(time.time()))
+    # Called once by close() with the completion tokens of all choices (per-key token quotas).
+    on_close: Callable[[int], None] | None = None
     _closed: bool = False
 
     @property
@@ -97,6 +102,8 @@ class Dispatch:
             self._closed = True
             self.ticket.release()
             gauge_admission(self.metrics, self.model)
+            if self.on_close is not None:
+                self.on_close(sum(c.completion_tokens for c in self.choices))
 
     # -- one choice ------------------------------------------------------------
     async def _run(self, choice: _Choice) -> AsyncGenerator[Delta, None]:
@@ -128,6 +135,7 @@ class Dispatch:
         try:
             async with aclosing(target.engine.generate(choice.request)) as stream:
                 async for delta in stream:
+                    _count_tokens(choice, delta)
                     if clock.tick(delta) and target.on_first_token is not None:
                         target.on_first_token()
                     if delta.finish_reason is not None:
@@ -153,6 +161,14 @@ class Dispatch:
         hook = choice.targets[choice.current].on_finish
         if hook is not None:
             hook(cached_tokens, fault)
+
+
+def _count_tokens(choice: _Choice, delta: Delta) -> None:
+    if delta.finish_reason is not None and delta.completion_tokens:
+        choice.completion_tokens = delta.completion_tokens  # the engine's own count is exact
+    else:
+        seen = choice.completion_tokens + (len(delta.token_ids) or int(bool(delta.text)))
+        choice.completion_tokens = max(delta.completion_tokens, seen)
 
 
 def start_dispatch(metrics: LLMMetrics, model: LLMModel, requests: list[EngineRequest],

@@ -8,12 +8,14 @@ protocol and raises only domain errors (`engines.errors.SluiceError`).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, Literal
 
 from engines.base import EngineRequest, EngineStats
 from engines.errors import ErrorKind, SluiceError
 from gateway.llm.admission import AdmissionConfig
 from gateway.llm.dispatch import Dispatch, start_dispatch
+from gateway.llm.metering import TokenQuota
 from gateway.llm.params import GenerationParams, check, sampling_for
 from gateway.llm.registry import LLMModel, ModelRegistry
 from gateway.llm.targets import RouteHints
@@ -40,29 +42,47 @@ class GenerateCall:
     chat_body: dict[str, Any] | None = None
     cache_salt: str | None = None
     hints: RouteHints = field(default_factory=RouteHints)
+    # The public id of the API key the edge authenticated: its token quota is charged.
+    # None (no key involved): not metered.
+    key_id: str | None = None
 
 
 class LLMService:
-    def __init__(self, metrics: LLMMetrics, admission: AdmissionConfig | None = None, max_fanout: int = 128
-                 ) -> None:
+    def __init__(self, metrics: LLMMetrics, admission: AdmissionConfig | None = None, max_fanout: int = 128,
+                 tokens: TokenQuota | None = None) -> None:
         self.metrics = metrics
         self.registry = ModelRegistry(admission or AdmissionConfig())
         self.max_fanout = max_fanout  # engine requests one API request may create
+        self.tokens = tokens
 
     def get(self, name: str) -> LLMModel:
         return self.registry.get(name)
 
-    def dispatch(self, call: GenerateCall) -> Dispatch:
-        """Validate, rank, admit, and tell the router at once which worker each engine
-        request goes to. The router's contract is no `await` between rank and dispatch:
-        concurrent requests must see each other's load and speculative cache entries.
-        The caller must consume `Dispatch.deltas()` or call `Dispatch.close()`."""
+    async def dispatch(self, call: GenerateCall) -> Dispatch:
+        """Validate; reserve the prompt tokens in the caller's token quota (the one
+        `await`, which may reach Redis); then rank, admit, and tell the router at once
+        which worker each engine request goes to. The router's contract is no `await`
+        between rank and dispatch: concurrent requests must see each other's load and
+        speculative cache entries. The caller must consume `Dispatch.deltas()` or call
+        `Dispatch.close()`; closing commits the completion tokens to the quota."""
         check(call.model, call.params)
         self.check_fanout(len(call.prompts), call.params.n)
         requests = self._engine_requests(call)
-        ranked = [call.model.backend.rank(r, call.hints) for r in requests]
-        ticket = call.model.admission.try_admit(len(requests))
-        return start_dispatch(self.metrics, call.model, requests, ranked, ticket, call.request_id)
+        key_id, meter = call.key_id, self.tokens
+        prompt_tokens = sum(len(p.token_ids) for p in call.prompts)
+        if key_id is not None and meter is not None:
+            await meter.reserve_tokens(key_id, prompt_tokens)
+        try:
+            ranked = [call.model.backend.rank(r, call.hints) for r in requests]
+            ticket = call.model.admission.try_admit(len(requests))
+            d = start_dispatch(self.metrics, call.model, requests, ranked, ticket, call.request_id)
+        except BaseException:
+            if key_id is not None and meter is not None:
+                meter.refund_tokens(key_id, prompt_tokens)  # refused before it ran (queue full, no worker)
+            raise
+        if key_id is not None and meter is not None:
+            d.on_close = partial(meter.commit_tokens, key_id, prompt_tokens)
+        return d
 
     def check_fanout(self, prompts: int, n: int) -> None:
         """One API request becomes prompts × n engine requests; each is a slot in the engine."""

@@ -11,6 +11,7 @@ from gateway.openai.params import generation_params
 from gateway.openai.prompts import render_chat
 from gateway.openai.schemas import ChatCompletionRequest
 from gateway.openai.sse import new_id, sse, unless_disconnected
+from gateway.security.access import key_id_of
 from gateway.state import hints_from, state_of
 
 router = APIRouter()
@@ -27,8 +28,9 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
     forward = body.model_dump(exclude_unset=True, exclude_none=True)
     forward["model"] = model.name
     call = GenerateCall(model, [Prompt(ids)], generation_params(body), new_id("chatcmpl"), kind="chat",
-                        chat_body=forward, cache_salt=body.cache_salt, hints=hints_from(request))
-    d = st.llm.dispatch(call)
+                        chat_body=forward, cache_salt=body.cache_salt, hints=hints_from(request),
+                        key_id=key_id_of(request))
+    d = await st.llm.dispatch(call)
     client_id = request.headers.get("x-request-id")
     if body.stream:
         return sse(chat_output.stream_chunks(d, body), ping_s=st.settings.sse_ping_s, headers=d.headers(client_id),

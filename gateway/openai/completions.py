@@ -12,6 +12,7 @@ from gateway.openai.params import generation_params
 from gateway.openai.prompts import completion_prompts, prompt_count
 from gateway.openai.schemas import CompletionRequest
 from gateway.openai.sse import new_id, sse, unless_disconnected
+from gateway.security.access import key_id_of
 from gateway.state import hints_from, state_of
 
 router = APIRouter()
@@ -29,8 +30,8 @@ async def completions(body: CompletionRequest, request: Request) -> Response:
     st.llm.check_fanout(prompt_count(body.prompt), body.n)  # before tokenizing thousands of prompts
     prompts = completion_prompts(model, body.prompt)
     call = GenerateCall(model, prompts, generation_params(body), new_id("cmpl"), cache_salt=body.cache_salt,
-                        hints=hints_from(request))
-    d = st.llm.dispatch(call)
+                        hints=hints_from(request), key_id=key_id_of(request))
+    d = await st.llm.dispatch(call)
     client_id = request.headers.get("x-request-id")
     if body.stream:
         return sse(completion_output.stream_chunks(d, body, prompts), ping_s=st.settings.sse_ping_s,

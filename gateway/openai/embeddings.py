@@ -11,6 +11,7 @@ from fastapi.responses import JSONResponse
 from engines.errors import ErrorKind, SluiceError
 from gateway.llm.registry import model_not_found
 from gateway.openai.schemas import EmbeddingRequest
+from gateway.security.access import key_id_of
 from gateway.state import state_of
 
 router = APIRouter()
@@ -27,7 +28,17 @@ async def embeddings(body: EmbeddingRequest, request: Request) -> JSONResponse:
         raise SluiceError(f"this model only produces {model.dimensions}-dimensional embeddings",
                           ErrorKind.UNSUPPORTED, param="dimensions")
     texts, tokens = bridge.texts(model, body.input)
-    vectors = await bridge.embed(model, texts)
+    quotas, key_id = state_of(request).security.quotas, key_id_of(request)
+    if key_id is not None:  # embeddings count their input tokens against the key's token quota
+        await quotas.reserve_tokens(key_id, tokens)
+    try:
+        vectors = await bridge.embed(model, texts)
+    except BaseException:
+        if key_id is not None:
+            quotas.refund_tokens(key_id, tokens)
+        raise
+    if key_id is not None:
+        quotas.commit_tokens(key_id, tokens, 0)
     data = []
     for i, vec in enumerate(vectors):
         emb: Any = (base64.b64encode(vec.astype("<f4").tobytes()).decode() if body.encoding_format == "base64"

@@ -14,7 +14,7 @@ import uvicorn
 from fastapi import FastAPI, Request
 
 from gateway import errors
-from gateway.middleware import SluiceMiddleware
+from gateway.middleware import BodyLimitMiddleware, SluiceMiddleware
 from tests.servers import free_port
 
 pytestmark = pytest.mark.integration
@@ -26,8 +26,8 @@ observed: list[tuple[str, int]] = []
 def url() -> Iterator[str]:
     app = FastAPI()
     errors.install(app)
-    app.add_middleware(SluiceMiddleware, max_body_bytes=2048,
-                       observe=lambda route, model, status: observed.append((route, status)))
+    app.add_middleware(BodyLimitMiddleware, max_body_bytes=2048)
+    app.add_middleware(SluiceMiddleware, observe=lambda route, model, status: observed.append((route, status)))
 
     @app.post("/v1/boom")
     async def boom(request: Request) -> dict[str, str]:

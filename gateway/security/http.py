@@ -1,0 +1,75 @@
+"""The HTTP edge of access control: a pure ASGI middleware in front of every route.
+
+It classifies the path (`gateway.security.access`), authenticates the bearer key
+before the route runs or the body is read, and admits API requests through the
+key's quotas, holding the concurrency slot until the response has been sent
+(a stream holds it until it ends). Refusals are answered in the route's own
+protocol by `render` (OpenAI JSON or KServe JSON), with `WWW-Authenticate` on a
+401 and `Retry-After` on a 429.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from engines.errors import SluiceError
+from gateway.security.access import SCOPE_ACCESS, SCOPE_KEY_ID, Access, bearer, classify_path, is_local
+from gateway.security.guard import Security
+
+Scope = dict[str, Any]
+Message = dict[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+Render = Callable[[str, SluiceError], tuple[int, bytes, dict[str, str]]]  # (path, error) -> status, body, headers
+
+
+class AccessMiddleware:
+    def __init__(self, app: ASGIApp, security: Security, render: Render) -> None:
+        self.app = app
+        self.security = security
+        self.render = render
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "websocket":  # no route speaks it: refuse the handshake rather than pass it unchecked
+            await send({"type": "websocket.close", "code": 1008})
+            return
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        access = classify_path(scope.get("path", ""))
+        names: set[str] = set()
+        authorization = None
+        for raw_name, raw_value in scope.get("headers", []):
+            name = raw_name.decode("latin-1").lower()
+            names.add(name)
+            if name == "authorization" and authorization is None:
+                authorization = raw_value.decode("latin-1")
+        client = scope.get("client")
+        lease = None
+        try:
+            principal = self.security.authenticate(access, bearer(authorization),
+                                                   local=is_local(client[0] if client else None, names))
+            if access is Access.API and principal is not None:
+                lease = await self.security.quotas.admit(principal.id)
+                scope[SCOPE_KEY_ID] = principal.id
+        except SluiceError as e:
+            await self._refuse(scope, send, e)
+            return
+        scope[SCOPE_ACCESS] = access.value
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            if lease is not None:
+                self.security.quotas.finish(lease)
+
+    async def _refuse(self, scope: Scope, send: Send, exc: SluiceError) -> None:
+        status, payload, headers = self.render(scope.get("path", ""), exc)
+        if status == 401:  # RFC 9110: a 401 names its scheme, on KServe routes too
+            headers = {"WWW-Authenticate": "Bearer", **{k: v for k, v in headers.items()
+                                                        if k.lower() != "www-authenticate"}}
+        raw = [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())]
+        raw += [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()]
+        await send({"type": "http.response.start", "status": status, "headers": raw})
+        await send({"type": "http.response.body", "body": payload})

@@ -1,0 +1,173 @@
+"""API and admin keys: loaded from the environment or a file, kept only as SHA-256 digests.
+
+A key's public id (from the keys file, else `key-` and the first 12 hex digits of
+its digest) is the only thing about it that metrics, logs and errors may show.
+Nothing in this module formats a key value into a message: a malformed file is
+reported by path, entry number and field, never by content.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,63}$")
+_LIMITS = ("rpm", "tpm", "concurrency")
+_FIELDS = {"id", "key", "sha256", *_LIMITS}
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """Per-key quotas; 0 means unlimited."""
+
+    rpm: int = 0  # requests per minute
+    tpm: int = 0  # prompt + completion tokens per minute
+    concurrency: int = 0  # requests in flight at once
+
+    @property
+    def unlimited(self) -> bool:
+        return not (self.rpm or self.tpm or self.concurrency)
+
+
+@dataclass(frozen=True, slots=True)
+class Principal:
+    """Who a request runs as: a key's public id and its limits. Never holds the key."""
+
+    id: str
+    limits: Limits = Limits()
+
+
+@dataclass(frozen=True, slots=True)
+class KeyEntry:
+    digest: bytes  # SHA-256 of the key
+    id: str | None = None  # the operator's name for it; None: derived from the digest
+    overrides: dict[str, int] | None = None  # per-key limits over the server-wide defaults
+
+    def public_id(self) -> str:
+        return self.id or "key-" + self.digest.hex()[:12]
+
+
+def digest(key: str) -> bytes:
+    return hashlib.sha256(key.encode("utf-8")).digest()
+
+
+class KeyRing:
+    """Digests of the accepted keys. `match` compares the presented key's digest with
+    every stored digest in constant time and never stops at the first match, so the
+    time taken says nothing about which key (if any) matched."""
+
+    def __init__(self, entries: Iterable[KeyEntry], defaults: Limits = Limits()) -> None:
+        self._entries: list[tuple[bytes, Principal]] = []
+        seen_ids: set[str] = set()
+        seen_digests: set[bytes] = set()
+        for e in entries:
+            pid = e.public_id()
+            if pid in seen_ids:
+                raise ValueError(f"two keys share the id {pid!r}")
+            if e.digest in seen_digests:
+                raise ValueError(f"the key with id {pid!r} is listed twice")
+            seen_ids.add(pid)
+            seen_digests.add(e.digest)
+            limits = Limits(**{**_as_dict(defaults), **(e.overrides or {})})
+            self._entries.append((e.digest, Principal(pid, limits)))
+
+    def match(self, key: str | None) -> Principal | None:
+        if not key:
+            return None
+        presented = digest(key)
+        found: Principal | None = None
+        for stored, principal in self._entries:
+            if hmac.compare_digest(stored, presented) and found is None:
+                found = principal
+        return found
+
+    def principals(self) -> list[Principal]:
+        return [p for _, p in self._entries]
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __repr__(self) -> str:
+        return f"KeyRing({len(self._entries)} keys)"
+
+
+def _as_dict(limits: Limits) -> dict[str, int]:
+    return {name: getattr(limits, name) for name in _LIMITS}
+
+
+def from_csv(value: str | None, origin: str) -> list[KeyEntry]:
+    """Comma-separated keys (an environment variable); blanks are ignored."""
+    out = []
+    for i, raw in enumerate((value or "").split(",")):
+        key = raw.strip()
+        if key:
+            out.append(KeyEntry(digest(_check_key(key, f"{origin} item {i + 1}"))))
+    return out
+
+
+def single(value: str | None) -> list[KeyEntry]:
+    """One key taken whole (SLUICE_ADMIN_KEY, which predates the comma-separated lists)."""
+    key = (value or "").strip()
+    return [KeyEntry(digest(key))] if key else []
+
+
+def from_file(path: Path) -> list[KeyEntry]:
+    """A YAML list of `{id, key | sha256, rpm, tpm, concurrency}` (or `{keys: [...]}`),
+    or a plain file with one key per line (`#` starts a comment line)."""
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise ValueError(f"cannot read keys file {path}: {e.strerror}") from None
+    try:
+        data: Any = yaml.safe_load(text)
+    except yaml.YAMLError:
+        data = None  # a plain key may not be valid YAML; the plain format below decides
+    if isinstance(data, dict) and isinstance(data.get("keys"), list):
+        data = data["keys"]
+    if not isinstance(data, list):
+        return [KeyEntry(digest(_check_key(line.strip(), f"{path} line {n}")))
+                for n, line in enumerate(text.splitlines(), 1) if line.strip() and not line.lstrip().startswith("#")]
+    return [_entry(item, f"{path} entry {n}") for n, item in enumerate(data, 1)]
+
+
+def _entry(item: Any, where: str) -> KeyEntry:
+    if isinstance(item, str):
+        return KeyEntry(digest(_check_key(item, where)))
+    if not isinstance(item, dict):
+        raise ValueError(f"{where}: expected a key or a mapping with 'key'")
+    unknown = set(item) - _FIELDS
+    if unknown:
+        raise ValueError(f"{where}: unknown field(s) {', '.join(sorted(map(str, unknown)))}")
+    key_id = item.get("id")
+    if key_id is not None and not (isinstance(key_id, str) and _ID.match(key_id)):
+        raise ValueError(f"{where}: 'id' must be 1-64 letters, digits or ._:- (it becomes a metric label)")
+    overrides = {}
+    for name in _LIMITS:
+        if item.get(name) is not None:
+            value = item[name]
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise ValueError(f"{where}: '{name}' must be an integer >= 0 (0: unlimited)")
+            overrides[name] = value
+    if ("key" in item) == ("sha256" in item):
+        raise ValueError(f"{where}: give exactly one of 'key' and 'sha256'")
+    if "sha256" in item:
+        hexdigest = item["sha256"]
+        if not (isinstance(hexdigest, str) and re.fullmatch(r"[0-9a-fA-F]{64}", hexdigest)):
+            raise ValueError(f"{where}: 'sha256' must be 64 hex digits")
+        raw = bytes.fromhex(hexdigest)
+    else:
+        raw = digest(_check_key(item["key"], where))
+    return KeyEntry(raw, key_id, overrides or None)
+
+
+def _check_key(key: Any, where: str) -> str:
+    if not isinstance(key, str) or not key or any(c.isspace() or c == "," for c in key):
+        raise ValueError(f"{where}: a key must be a non-empty string without spaces or commas")
+    return key

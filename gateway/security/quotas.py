@@ -1,0 +1,238 @@
+"""Per-key quotas for one gateway replica: requests per minute, tokens per minute, concurrency.
+
+`QuotaService` enforces them in Redis when one is configured (shared by every
+replica, `RedisQuotaStore`) and in process otherwise (`LocalQuotas`). When Redis
+cannot be reached it logs once, counts `sluice_quota_redis_fallbacks_total`, and
+enforces the same limits locally; a background task pings Redis and shares
+quotas again once it answers. While local, each replica allows a key its full
+limits, so N replicas may let it use up to N times them. Requests never wait
+on a Redis that is away: after the first failure they go local at once.
+
+The protocol edges call `admit` / `finish` around each request; the LLM layer
+and the embeddings route call `reserve_tokens` at admission and
+`commit_tokens` (or `refund_tokens`) when the request ends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import math
+import uuid
+from collections.abc import Coroutine
+from dataclasses import dataclass
+from typing import Any
+
+from engines.errors import ErrorKind, SluiceError
+from gateway.security.keys import Limits
+from gateway.security.limits import LocalQuotas, Refusal
+from gateway.security.metrics import SecurityMetrics
+from gateway.security.redis_store import STORE_ERRORS, RedisQuotaStore
+
+log = logging.getLogger("sluice.quotas")
+_WHAT = {"rpm": "requests per minute", "tpm": "tokens per minute", "concurrency": "concurrent requests"}
+
+
+@dataclass(slots=True)
+class Lease:
+    """One admitted request; `QuotaService.finish` ends it (idempotent)."""
+
+    key_id: str
+    slot: str | None  # where its concurrency slot lives: "redis", "local", or None (no limit)
+    lease_id: str
+    held: bool  # counted in sluice_key_requests_in_flight
+    done: bool = False
+
+
+class QuotaService:
+    """Runs on one event loop; `finish`, `refund_tokens` and `commit_tokens` never block."""
+
+    def __init__(self, limits: dict[str, Limits], metrics: SecurityMetrics, store: RedisQuotaStore | None = None,
+                 *, retry_s: float = 1.0) -> None:
+        self._limits = limits
+        self.metrics = metrics
+        self.store = store
+        self.local = LocalQuotas()
+        self.shared = store is not None  # Redis configured and, as far as we know, reachable
+        self._retry_s = retry_s
+        self._redis_leases: dict[str, Lease] = {}  # renewed while their requests run
+        self._ids = itertools.count()
+        self._replica = uuid.uuid4().hex[:12]
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._maintainer: asyncio.Task[None] | None = None
+        self._lost_event = asyncio.Event()  # wakes the maintainer to start probing at once
+        metrics.redis_up.set(1 if self.shared else 0)
+
+    def limits(self, key_id: str) -> Limits:
+        return self._limits.get(key_id, Limits())
+
+    # -- requests ------------------------------------------------------------------
+    async def admit(self, key_id: str, *, count: bool = True, hold: bool = True) -> Lease:
+        """Count one request (`count`) and hold a concurrency slot until `finish` (`hold`);
+        raise SluiceError(RATE_LIMITED) with a Retry-After hint when a limit is spent."""
+        limits = self.limits(key_id)
+        lease_id = f"{self._replica}:{next(self._ids)}" if hold and limits.concurrency else ""
+        slot: str | None = None
+        if (count and limits.rpm) or lease_id:
+            refusal, slot = await self._admit(key_id, limits, lease_id, count)
+            if refusal is not None:
+                raise self._refused(key_id, limits, refusal)
+        if count:
+            self.metrics.requests.labels(key_id).inc()
+        lease = Lease(key_id, slot if lease_id else None, lease_id, hold)
+        if hold:
+            self.metrics.in_flight.labels(key_id).inc()
+        if lease.slot == "redis":
+            self._redis_leases[lease_id] = lease
+        return lease
+
+    def finish(self, lease: Lease) -> None:
+        if lease.done:
+            return
+        lease.done = True
+        if lease.held:
+            self.metrics.in_flight.labels(lease.key_id).dec()
+        if lease.slot == "local":
+            self.local.release(lease.key_id)
+        elif lease.slot == "redis":
+            self._redis_leases.pop(lease.lease_id, None)
+            if self.shared and self.store is not None:  # else it expires there on its own
+                self._spawn(self.store.release(lease.key_id, lease.lease_id))
+
+    async def _admit(self, key_id: str, limits: Limits, lease_id: str, count: bool) -> tuple[Refusal | None, str]:
+        if self.shared and self.store is not None:
+            try:
+                return await self.store.admit(key_id, limits, lease_id or None, count=count), "redis"
+            except STORE_ERRORS as e:
+                self._lost(e)
+        return self.local.admit(key_id, limits, count=count, hold=bool(lease_id)), "local"
+
+    # -- tokens --------------------------------------------------------------------
+    async def reserve_tokens(self, key_id: str, tokens: int) -> None:
+        """Admission: charge a request's prompt tokens, or raise RATE_LIMITED if they do not fit now."""
+        limits = self.limits(key_id)
+        if not limits.tpm or tokens <= 0:
+            return
+        if tokens > limits.tpm:
+            self.metrics.rejections.labels(key_id, "tpm").inc()
+            raise SluiceError(f"This request needs {tokens} tokens, more than key '{key_id}' may use in a minute "
+                              f"({limits.tpm}).", ErrorKind.RATE_LIMITED, code="rate_limit_exceeded",
+                              retry_after_s=60.0)
+        refusal: Refusal | None = None
+        if self.shared and self.store is not None:
+            try:
+                refusal = await self.store.reserve_tokens(key_id, limits.tpm, tokens)
+                if refusal is not None:
+                    raise self._refused(key_id, limits, refusal)
+                return
+            except STORE_ERRORS as e:
+                self._lost(e)
+        refusal = self.local.reserve_tokens(key_id, limits.tpm, tokens)
+        if refusal is not None:
+            raise self._refused(key_id, limits, refusal)
+
+    def refund_tokens(self, key_id: str, tokens: int) -> None:
+        """Give back reserved prompt tokens of a request that never ran."""
+        self._charge(key_id, -tokens)
+
+    def commit_tokens(self, key_id: str, prompt_tokens: int, completion_tokens: int) -> None:
+        """A request ended: count its usage, and charge its completion tokens (they may overdraw
+        the budget; later requests wait the debt out)."""
+        self.metrics.tokens.labels(key_id, "prompt").inc(prompt_tokens)
+        self.metrics.tokens.labels(key_id, "completion").inc(completion_tokens)
+        self._charge(key_id, completion_tokens)
+
+    def _charge(self, key_id: str, tokens: int) -> None:
+        tpm = self.limits(key_id).tpm
+        if not tpm or not tokens:
+            return
+        if self.shared and self.store is not None:
+            self._spawn(self._charge_shared(self.store, key_id, tpm, tokens))
+        else:
+            self.local.charge_tokens(key_id, tpm, tokens)
+
+    async def _charge_shared(self, store: RedisQuotaStore, key_id: str, tpm: int, tokens: int) -> None:
+        try:
+            await store.charge_tokens(key_id, tpm, tokens)
+        except STORE_ERRORS as e:
+            self._lost(e)
+            self.local.charge_tokens(key_id, tpm, tokens)
+
+    # -- Redis availability ----------------------------------------------------------
+    def _refused(self, key_id: str, limits: Limits, refusal: Refusal) -> SluiceError:
+        self.metrics.rejections.labels(key_id, refusal.reason).inc()
+        wait_s = max(1, math.ceil(refusal.retry_after_s))
+        return SluiceError(f"Rate limit reached for key '{key_id}': {getattr(limits, refusal.reason)} "
+                           f"{_WHAT[refusal.reason]}. Retry in {wait_s} s.", ErrorKind.RATE_LIMITED,
+                           code="rate_limit_exceeded", retry_after_s=float(wait_s))
+
+    def _lost(self, error: BaseException) -> None:
+        if not self.shared:
+            return
+        self.shared = False
+        self.metrics.redis_up.set(0)
+        self.metrics.redis_fallbacks.inc()
+        self._lost_event.set()
+        log.warning("quotas: Redis unreachable (%s: %s); enforcing quotas on this replica alone until it returns",
+                    type(error).__name__, error)
+
+    def _back(self) -> None:
+        self.shared = True
+        self.metrics.redis_up.set(1)
+        log.warning("quotas: Redis is reachable again; quotas are shared across replicas again")
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(self._quietly(coro))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _quietly(self, coro: Coroutine[Any, Any, None]) -> None:
+        try:
+            await coro
+        except STORE_ERRORS as e:
+            self._lost(e)
+
+    async def flush(self) -> None:
+        """Wait for the Redis writes `finish` and the token calls started (releases, charges)."""
+        while self._tasks:
+            await asyncio.gather(*list(self._tasks), return_exceptions=True)
+
+    async def start(self) -> None:
+        if self.store is not None and self._maintainer is None:
+            await self._quietly(self.store.ping())
+            self._maintainer = asyncio.create_task(self._maintain(self.store), name="sluice-quota-redis")
+
+    async def stop(self) -> None:
+        task, self._maintainer = self._maintainer, None
+        if task is not None:
+            task.cancel()
+        pending = [t for t in (task, *self._tasks) if t is not None]
+        if pending:
+            await asyncio.wait(pending, timeout=2.0)
+        if self.store is not None:
+            with contextlib.suppress(*STORE_ERRORS):
+                await asyncio.wait_for(self.store.close(), timeout=2.0)
+
+    async def _maintain(self, store: RedisQuotaStore) -> None:
+        """Renew this replica's leases while their requests run; while Redis is away, probe it."""
+        renew_s = store.lease_ttl_ms / 3000
+        while True:
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._lost_event.wait(), renew_s if self.shared else self._retry_s)
+            if self._lost_event.is_set():
+                self._lost_event.clear()
+                await asyncio.sleep(self._retry_s)
+            try:
+                if not self.shared:
+                    await store.ping()
+                    self._back()
+                elif self._redis_leases:
+                    await store.renew([(lease.key_id, lease.lease_id) for lease in self._redis_leases.values()])
+                else:
+                    await store.ping()
+            except STORE_ERRORS as e:
+                self._lost(e)
+            except Exception:
+                log.exception("quotas: maintenance step failed; retrying")
