@@ -1,4 +1,4 @@
-"""`sluice serve` and `sluice worker`.
+"""`sluice serve`, `sluice worker` and `sluice launch`.
 
 Flags default to "not given" so that `gateway.settings.Settings` can fill every
 field from a `SLUICE_*` environment variable, then from its own default: each
@@ -78,12 +78,25 @@ def _worker_parser(sub: Any) -> None:
     p.add_argument("--log-level", default="info")
 
 
+def _launch_parser(sub: Any) -> None:
+    from engines.launchers.launch import add_launch_arguments
+
+    p = sub.add_parser("launch", help="write the node scripts and LeaderWorkerSet manifest of a multi-node "
+                                      "tensor/pipeline-parallel launch (vLLM on Ray, TensorRT-LLM on MPI)")
+    add_launch_arguments(p)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="sluice", description="Sluice inference server")
     sub = parser.add_subparsers(dest="command", required=True)
     _serve_parser(sub)
     _worker_parser(sub)
+    _launch_parser(sub)
     args = parser.parse_args(argv)
+    if args.command == "launch":
+        from engines.launchers.launch import run_launch
+
+        return run_launch(args)
     try:
         return _serve(args) if args.command == "serve" else _worker(args)
     except ValidationError as e:  # a message for the user, not a traceback
