@@ -35,6 +35,9 @@ def _serve_parser(sub: Any) -> None:
     p.add_argument("--worker", dest="workers", action="append",
                    help="remote LLM worker, URL or NAME=URL (repeatable); LLMs then come from workers")
     p.add_argument("--workers-file", type=Path, help="YAML list of worker records")
+    p.add_argument("--k8s-discovery", dest="k8s_discovery", action="append", metavar="SPEC",
+                   help="find workers in Kubernetes EndpointSlices (repeatable), e.g. 'namespace=sluice,"
+                        "selector=app.kubernetes.io/component=vllm-worker,port=http,engine=vllm'")
     p.add_argument("--redis-url", help="share routing state with other gateway replicas through Redis")
     p.add_argument("--routing-policy", choices=POLICIES, help="[prefix]")
     p.add_argument("--routing-weights", type=_weights, metavar="NAME=VALUE,...",
@@ -114,7 +117,7 @@ def _serve(args: argparse.Namespace) -> int:
     from gateway.settings import Settings
 
     given = {k: v for k, v in vars(args).items() if k != "command"}
-    for key in ("load_models", "served_llms", "workers"):
+    for key in ("load_models", "served_llms", "workers", "k8s_discovery"):
         if key in given:
             given[key] = tuple(given[key])
     settings = Settings(**given)
