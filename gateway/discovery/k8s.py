@@ -89,6 +89,7 @@ class K8sDiscovery:
             except Exception:
                 self.restarts += 1
                 log.exception("discovery: the reconcile loop died; restarting in %.1f s", delay)
+                self._wake.set()  # whatever the dead pass left undone is done by the next
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, self.restart_backoff_max_s)
 
@@ -136,7 +137,11 @@ class K8sDiscovery:
             self._pending.discard(name)
             return
         spec = self.specs[index]
-        record = WorkerRecord(name=name, url=url, engine=spec.engine, tokenizer=spec.tokenizer)  # type: ignore[arg-type]
+        try:
+            record = WorkerRecord(name=name, url=url, engine=spec.engine, tokenizer=spec.tokenizer)  # type: ignore[arg-type]
+        except ValueError as exc:  # a name or URL the gateway cannot take; retrying will not help
+            log.error("discovery %s: endpoint %s at %s skipped: %s", spec.label, name, url, exc)
+            return
         try:
             models = await self.pool.add(await discover_kv_events(record))
         except SluiceError as exc:
