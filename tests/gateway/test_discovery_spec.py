@@ -51,7 +51,9 @@ def test_settings_read_specs_from_the_environment_and_check_them(monkeypatch: py
 
 def test_ready_endpoints_become_workers_named_by_pod() -> None:
     obj = endpoint_slice("s1", "svc", [("pod-a", "10.0.0.1", True), ("pod-b", "10.0.0.2", False),
-                                       ("pod-c", "10.0.0.3", True)], port=8100, terminating=("pod-c",))
+                                       ("pod-c", "10.0.0.3", True)], port=8100)
+    # A Service with publishNotReadyAddresses keeps a terminating pod `ready`.
+    obj["endpoints"][2]["conditions"] = {"ready": True, "serving": True, "terminating": True}
     eps = endpoints_of(obj, "http")
     assert [(e.name, e.url, e.ready) for e in eps] == [
         ("pod-a", "http://10.0.0.1:8100", True), ("pod-b", "http://10.0.0.2:8100", False),
