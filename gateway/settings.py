@@ -13,7 +13,7 @@ from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from engines.classic.manager import CONTROL_MODES
-from gateway.discovery.spec import parse_discovery
+from gateway.discovery.spec import parse_discovery, require_client
 from gateway.llm.admission import AdmissionConfig
 from router import COST_WEIGHT_NAMES, DEFAULT_POLICY, CostWeights, RouterConfig, validate_redis_url
 
@@ -75,6 +75,8 @@ class Settings(BaseSettings):
             validate_redis_url(self.redis_url)
         for spec in self.k8s_discovery:
             parse_discovery(spec)
+        if self.k8s_discovery:
+            require_client()
         return self
 
     def router_config(self) -> RouterConfig:

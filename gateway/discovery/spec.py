@@ -9,6 +9,7 @@ terms whose label key is itself an option name need the JSON form.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -67,6 +68,12 @@ def parse_discovery(value: str) -> DiscoverySpec:
     except ValueError:
         raise ValueError(f"--k8s-discovery: drain_s= must be a number, got {drain!r}") from None
     return DiscoverySpec(namespace=namespace, drain_s=drain_s, **options)
+
+
+def require_client() -> None:
+    """ValueError, at start-up rather than in a retry loop, when the official client is missing."""
+    if importlib.util.find_spec("kubernetes") is None:
+        raise ValueError("--k8s-discovery needs the `kubernetes` package (pip install 'sluice-gateway[k8s]')")
 
 
 def _parse_json(text: str) -> dict[str, str]:
