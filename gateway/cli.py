@@ -1,4 +1,4 @@
-"""`sluice serve` and `sluice worker`.
+"""`sluice serve`, `sluice worker` and `sluice launch`.
 
 Flags default to "not given" so that `gateway.settings.Settings` can fill every
 field from a `SLUICE_*` environment variable, then from its own default: each
@@ -36,6 +36,9 @@ def _serve_parser(sub: Any) -> None:
     p.add_argument("--worker", dest="workers", action="append",
                    help="remote LLM worker, URL or NAME=URL (repeatable); LLMs then come from workers")
     p.add_argument("--workers-file", type=Path, help="YAML list of worker records")
+    p.add_argument("--k8s-discovery", dest="k8s_discovery", action="append", metavar="SPEC",
+                   help="find workers in Kubernetes EndpointSlices (repeatable), e.g. 'namespace=sluice,"
+                        "selector=app.kubernetes.io/component=vllm-worker,port=http,engine=vllm'")
     p.add_argument("--redis-url", help="share routing state with other gateway replicas through Redis")
     p.add_argument("--routing-policy", choices=POLICIES, help="[prefix]")
     p.add_argument("--routing-weights", type=_weights, metavar="NAME=VALUE,...",
@@ -98,12 +101,25 @@ def _worker_parser(sub: Any) -> None:
     p.add_argument("--log-level", default="info")
 
 
+def _launch_parser(sub: Any) -> None:
+    from engines.launchers.launch import add_launch_arguments
+
+    p = sub.add_parser("launch", help="write the node scripts and LeaderWorkerSet manifest of a multi-node "
+                                      "tensor/pipeline-parallel launch (vLLM on Ray, TensorRT-LLM on MPI)")
+    add_launch_arguments(p)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="sluice", description="Sluice inference server")
     sub = parser.add_subparsers(dest="command", required=True)
     _serve_parser(sub)
     _worker_parser(sub)
+    _launch_parser(sub)
     args = parser.parse_args(argv)
+    if args.command == "launch":
+        from engines.launchers.launch import run_launch
+
+        return run_launch(args)
     try:
         return _serve(args) if args.command == "serve" else _worker(args)
     except ValidationError as e:  # a message for the user, not a traceback
@@ -121,7 +137,7 @@ def _serve(args: argparse.Namespace) -> int:
     from gateway.settings import Settings
 
     given = {k: v for k, v in vars(args).items() if k != "command"}
-    for key in ("load_models", "served_llms", "workers"):
+    for key in ("load_models", "served_llms", "workers", "k8s_discovery"):
         if key in given:
             given[key] = tuple(given[key])
     settings = Settings(**given)

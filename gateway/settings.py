@@ -13,6 +13,7 @@ from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from engines.classic.manager import CONTROL_MODES
+from gateway.discovery.spec import parse_discovery, require_client
 from gateway.llm.admission import AdmissionConfig
 from gateway.logs import LOG_FORMATS
 from router import COST_WEIGHT_NAMES, DEFAULT_POLICY, CostWeights, RouterConfig, validate_redis_url
@@ -32,6 +33,7 @@ class Settings(BaseSettings):
     # LLM serving
     workers: tuple[str, ...] = ()  # remote worker URLs (--worker [NAME=]URL)
     workers_file: Path | None = None  # YAML list of worker records
+    k8s_discovery: tuple[str, ...] = ()  # EndpointSlice sources of workers (gateway.discovery.spec)
     redis_url: str | None = None  # share routing state between gateway replicas
     routing_policy: str = DEFAULT_POLICY
     routing_weights: dict[str, float] | None = None  # prefix-policy cost weights; None: the router's defaults
@@ -71,6 +73,11 @@ class Settings(BaseSettings):
     def has_static_workers(self) -> bool:
         return bool(self.workers or self.workers_file)
 
+    @property
+    def workers_only(self) -> bool:
+        """LLMs come from workers (static or discovered); none are started in-process."""
+        return self.has_static_workers or bool(self.k8s_discovery)
+
     @model_validator(mode="after")
     def _consistent(self) -> Settings:
         # Each fact is validated by the layer that owns it, at start-up rather than on first use.
@@ -82,6 +89,10 @@ class Settings(BaseSettings):
         self.router_config()
         if self.redis_url is not None:
             validate_redis_url(self.redis_url)
+        for spec in self.k8s_discovery:
+            parse_discovery(spec)
+        if self.k8s_discovery:
+            require_client()
         return self
 
     def router_config(self) -> RouterConfig:

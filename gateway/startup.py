@@ -3,7 +3,8 @@
 The HTTP server listens first; models load in a background task, so `/health`
 answers 503 until every model can serve. Order: the router's drivers and gRPC,
 then the classic repository (it scans `config.pbtxt` once, LLM configs included),
-then static workers or in-process LLMs, then the embeddings bridge, then — in
+then static workers, discovered workers (Kubernetes EndpointSlices) or in-process
+LLMs, then the embeddings bridge, then — in
 worker mode — self-registration with a gateway.
 """
 
@@ -20,6 +21,7 @@ import yaml
 from engines.classic.repository import model_dirs
 from engines.errors import SluiceError
 from engines.launchers.registration import WorkerRecord, deregister, register
+from gateway.discovery import K8sDiscovery, parse_discovery
 from gateway.embeddings import EmbeddingBridge
 from gateway.llm.local import LLMSpec, specs_from_configs, start_local_llm, stop_local_engines
 from gateway.llm.workers import discover_kv_events, parse_worker_arg
@@ -36,12 +38,15 @@ async def lifespan(state: AppState, llm_specs: list[LLMSpec] | None) -> AsyncIte
     await state.security.quotas.start()
     grpc_server = await _start_grpc(state)
     await state.router.start()
-    task = asyncio.create_task(bootstrap(state, llm_specs), name="sluice-bootstrap")
+    discovery = _discovery(state)
+    task = asyncio.create_task(bootstrap(state, llm_specs, discovery), name="sluice-bootstrap")
     try:
         yield
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
+        if discovery is not None:
+            await discovery.stop()
         s = state.settings
         if s.register_with and state.ready:
             await asyncio.to_thread(deregister, s.register_with, s.worker_name or "")
@@ -56,8 +61,10 @@ async def lifespan(state: AppState, llm_specs: list[LLMSpec] | None) -> AsyncIte
         await state.security.quotas.stop()
 
 
-async def bootstrap(state: AppState, llm_specs: list[LLMSpec] | None) -> None:
-    """Load every model; `state.ready` turns true only when all are ready."""
+async def bootstrap(state: AppState, llm_specs: list[LLMSpec] | None,
+                    discovery: K8sDiscovery | None = None) -> None:
+    """Load every model; `state.ready` turns true only when all are ready (with discovery:
+    once every EndpointSlice source has been listed and reconciled, whatever it held)."""
     s = state.settings
     registry = state.llm.registry
     try:
@@ -68,7 +75,10 @@ async def bootstrap(state: AppState, llm_specs: list[LLMSpec] | None) -> None:
             registry.pending.clear()
         if s.has_static_workers:
             await _add_static_workers(state)  # workers serve the LLMs; none run in-process too
-        elif llm_specs is None and state.classic is not None:
+        if discovery is not None:
+            await discovery.start()
+            await discovery.synced.wait()
+        if llm_specs is None and state.classic is not None and not s.workers_only:
             llm_specs = await asyncio.to_thread(specs_from_configs, state.classic.llm_model_configs(),
                                                 state.classic.repo_dir, s.served_llms)
         registry.pending.update(spec.name for spec in llm_specs or [])
@@ -87,6 +97,11 @@ async def bootstrap(state: AppState, llm_specs: list[LLMSpec] | None) -> None:
         registry.pending.clear()
         state.startup_error = f"startup failed: {e}"
         log.exception("startup failed")
+
+
+def _discovery(state: AppState) -> K8sDiscovery | None:
+    specs = [parse_discovery(spec) for spec in state.settings.k8s_discovery]
+    return K8sDiscovery(specs, state.workers) if specs else None
 
 
 async def _start_grpc(state: AppState) -> Any:

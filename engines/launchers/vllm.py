@@ -76,7 +76,38 @@ def build_vllm_launch(spec: WorkerSpec, python: str, cpu: bool) -> VllmLaunch:
     env = dict(os.environ)
     if cpu:
         env.setdefault("VLLM_CPU_KVCACHE_SPACE", "4")  # GiB; the CPU backend's KV pool
+        ranks = spec.tensor_parallel_size * spec.pipeline_parallel_size
+        if ranks > 1 and "VLLM_CPU_OMP_THREADS_BIND" not in env and len(numa_nodes()) < ranks:
+            env["VLLM_CPU_OMP_THREADS_BIND"] = cpu_thread_binding(sorted(os.sched_getaffinity(0)), ranks)
     return VllmLaunch(argv=argv, env=env, cpu=cpu)
+
+
+def numa_nodes() -> list[int]:
+    """The online NUMA nodes (Linux sysfs); [0] when the kernel does not say."""
+    try:
+        text = Path("/sys/devices/system/node/online").read_text().strip()
+    except OSError:
+        return [0]
+    nodes: list[int] = []
+    for part in text.split(","):
+        low, _, high = part.partition("-")
+        nodes += range(int(low), int(high or low) + 1)
+    return nodes or [0]
+
+
+def cpu_thread_binding(cpus: list[int], ranks: int) -> str:
+    """`VLLM_CPU_OMP_THREADS_BIND` giving each rank an equal, contiguous share of `cpus`: "0,1|2,3".
+
+    vLLM's CPU backend binds one rank per NUMA node by default and refuses more ranks than
+    nodes ("Not enough allowed NUMA nodes to bind threads", vllm/utils/ompmultiprocessing.py);
+    on a one-node machine the ranks have to share its cores explicitly. Raises ValueError
+    when there are fewer CPUs than ranks."""
+    if ranks < 1 or len(cpus) < ranks:
+        raise ValueError(f"{ranks} vLLM CPU ranks (TP × PP) need at least {ranks} CPUs; this process may use "
+                         f"{len(cpus)}")
+    share = len(cpus) // ranks
+    groups = [cpus[i * share:(i + 1) * share] for i in range(ranks)]
+    return "|".join(",".join(str(c) for c in group) for group in groups)
 
 
 def kv_endpoints(spec: WorkerSpec) -> tuple[str | None, str | None]:

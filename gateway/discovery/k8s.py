@@ -1,0 +1,188 @@
+"""Keep a gateway's worker pool in step with Kubernetes EndpointSlices.
+
+`K8sDiscovery(specs, pool)` runs one `SliceWatcher` thread per spec and one supervised
+asyncio task that reconciles what the watchers report with `WorkerPool`:
+
+- an endpoint that becomes ready is added with a `WorkerRecord` (the pod's name, its
+  URL, the spec's engine and tokenizer; vLLM's KV-event sockets are read from the
+  worker) — the same record a self-registering `sluice worker` sends, and a worker
+  that already registered itself under the same name and URL is adopted, not replaced;
+- an endpoint that stops being ready, or leaves the slices, is drained (no new
+  requests), removed once its in-flight requests finish or after the spec's `drain_s`;
+  if it comes back meanwhile it is undrained instead;
+- an add that fails (the worker does not answer yet) is retried every `retry_s`.
+
+Only workers this discovery added or adopted are ever removed by it, and a spec
+whose watcher has not listed yet removes nothing. The reconcile task and the watcher
+threads are supervised: a task that dies is logged and restarted after a backoff; a
+thread that dies is replaced. Everything but the watcher threads runs on the event
+loop that called `start()`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Sequence
+
+from engines.errors import SluiceError
+from engines.launchers.registration import WorkerRecord
+from gateway.discovery.spec import DiscoverySpec
+from gateway.discovery.watch import SliceWatcher
+from gateway.llm.workers import WorkerPool, discover_kv_events
+
+log = logging.getLogger("sluice.discovery")
+
+
+class K8sDiscovery:
+    def __init__(self, specs: Sequence[DiscoverySpec], pool: WorkerPool, *, retry_s: float = 2.0,
+                 restart_backoff_max_s: float = 30.0) -> None:
+        self.specs = list(specs)
+        self.pool = pool
+        self.retry_s = retry_s
+        self.restart_backoff_max_s = restart_backoff_max_s
+        self.synced = asyncio.Event()  # every spec listed once and reconciled: /health may turn ready
+        self.restarts = 0  # times the reconcile task died and was restarted
+        self.watchers: list[SliceWatcher] = []
+        self._seen: dict[int, dict[str, str]] = {}  # spec index -> ready worker name -> URL
+        self._owned: dict[str, int] = {}  # worker name -> the spec that added it
+        self._leaving: dict[str, asyncio.Task[None]] = {}
+        self._pending: set[str] = set()  # ready but not added yet (the add failed, or it was being removed)
+        self._removing: set[str] = set()
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    async def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self.watchers = [self._watcher(i) for i in range(len(self.specs))]
+        self._task = asyncio.create_task(self._supervise(), name="sluice-k8s-discovery")
+
+    async def stop(self) -> None:
+        for watcher in self.watchers:
+            watcher.stop()
+        tasks = [t for t in (self._task, *self._leaving.values()) if t is not None]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    def _watcher(self, index: int) -> SliceWatcher:
+        watcher = SliceWatcher(self.specs[index], lambda workers: self._from_thread(index, workers))
+        watcher.start()
+        return watcher
+
+    def _from_thread(self, index: int, workers: dict[str, str]) -> None:
+        assert self._loop is not None
+        self._loop.call_soon_threadsafe(self._update, index, workers)
+
+    def _update(self, index: int, workers: dict[str, str]) -> None:
+        self._seen[index] = workers
+        self._wake.set()
+
+    async def _supervise(self) -> None:
+        delay = self.retry_s
+        while True:
+            try:
+                await self._run()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                self.restarts += 1
+                log.exception("discovery: the reconcile loop died; restarting in %.1f s", delay)
+                self._wake.set()  # whatever the dead pass left undone is done by the next
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, self.restart_backoff_max_s)
+
+    async def _run(self) -> None:
+        while True:
+            for i, watcher in enumerate(self.watchers):
+                if not watcher.alive:
+                    log.error("discovery %s: the watcher thread died; starting a new one", watcher.spec.label)
+                    self.watchers[i] = self._watcher(i)
+            try:
+                await asyncio.wait_for(self._wake.wait(), timeout=self.retry_s)
+            except TimeoutError:
+                if not self._pending:
+                    continue
+            self._wake.clear()
+            await self.reconcile()
+            if len(self._seen) == len(self.specs):
+                self.synced.set()
+
+    async def reconcile(self) -> None:
+        """One pass: add what is ready, drain and remove what left."""
+        want: dict[str, tuple[str, int]] = {}
+        for index in sorted(self._seen):
+            for name, url in self._seen[index].items():
+                want.setdefault(name, (url, index))
+        for name, (url, index) in want.items():
+            await self._arrive(name, url, index)
+        for name, index in list(self._owned.items()):
+            if name not in want and index in self._seen and name not in self._leaving:
+                self._leaving[name] = asyncio.create_task(self._leave(name, index), name=f"drain {name}")
+        self._pending &= set(want)
+
+    async def _arrive(self, name: str, url: str, index: int) -> None:
+        if name in self._removing:
+            self._pending.add(name)
+            return
+        leaving = self._leaving.pop(name, None)
+        if leaving is not None:
+            leaving.cancel()
+            await asyncio.gather(leaving, return_exceptions=True)
+            self._undrain(name)
+        known = self.pool.records.get(name)
+        if known is not None and known.url.rstrip("/") == url:
+            self._owned[name] = index
+            self._pending.discard(name)
+            return
+        spec = self.specs[index]
+        try:
+            record = WorkerRecord(name=name, url=url, engine=spec.engine, tokenizer=spec.tokenizer)  # type: ignore[arg-type]
+        except ValueError as exc:  # a name or URL the gateway cannot take; retrying will not help
+            log.error("discovery %s: endpoint %s at %s skipped: %s", spec.label, name, url, exc)
+            return
+        try:
+            models = await self.pool.add(await discover_kv_events(record))
+        except SluiceError as exc:
+            if name not in self._pending:
+                log.info("discovery %s: worker %s at %s not added yet: %s", spec.label, name, url, exc.message)
+            self._pending.add(name)
+            return
+        self._owned[name] = index
+        self._pending.discard(name)
+        log.info("discovery %s: worker %s at %s serves %s", spec.label, name, url, ", ".join(models))
+
+    async def _leave(self, name: str, index: int) -> None:
+        spec = self.specs[index]
+        try:
+            self.pool.router.drain(name, True)
+        except KeyError:  # removed meanwhile (the worker deregistered itself)
+            self._owned.pop(name, None)
+            self._leaving.pop(name, None)
+            return
+        log.info("discovery %s: worker %s left; draining for up to %.0f s", spec.label, name, spec.drain_s)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + spec.drain_s
+        # The router signals no in-flight changes; a poll bounded by drain_s is all there is.
+        while self._in_flight(name) and loop.time() < deadline:  # noqa: ASYNC110
+            await asyncio.sleep(0.25)
+        # From here on an arrival cannot cancel us: it waits (pending) and the wake re-adds it.
+        self._leaving.pop(name, None)
+        self._removing.add(name)
+        try:
+            await self.pool.remove(name)
+            log.info("discovery %s: worker %s removed", spec.label, name)
+        finally:
+            self._removing.discard(name)
+            self._owned.pop(name, None)
+            self._wake.set()
+
+    def _in_flight(self, name: str) -> int:
+        return sum(w.in_flight for w in self.pool.router.workers() if w.name == name)
+
+    def _undrain(self, name: str) -> None:
+        try:
+            self.pool.router.drain(name, False)
+        except KeyError:
+            pass
