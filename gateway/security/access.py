@@ -27,7 +27,8 @@ class Access(StrEnum):
     METRICS = "metrics"
 
 
-_OPEN_PATHS = frozenset({"/health", "/v2/health/live", "/v2/health/ready"})
+# Probes, and /version (as vLLM serves it): Kubernetes' liveness probe uses it, and it tells nothing secret.
+_OPEN_PATHS = frozenset({"/health", "/version", "/v2/health/live", "/v2/health/ready"})
 _ADMIN_PATH = re.compile(r"^/v1/admin(/|$)|^/v2/repository/models/[^/]+/(load|unload)/?$")
 _SERVICE = "/inference.GRPCInferenceService/"
 _OPEN_RPCS = frozenset({"ServerLive", "ServerReady"})

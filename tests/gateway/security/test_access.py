@@ -8,13 +8,14 @@ from gateway.security.access import Access, bearer, classify_path, classify_rpc,
 
 
 @pytest.mark.parametrize(("path", "access"), [
-    ("/health", Access.OPEN), ("/v2/health/live", Access.OPEN), ("/v2/health/ready", Access.OPEN),
+    ("/health", Access.OPEN), ("/version", Access.OPEN), ("/v2/health/live", Access.OPEN),
+    ("/v2/health/ready", Access.OPEN),
     ("/metrics", Access.METRICS),
     ("/v1/admin/workers", Access.ADMIN), ("/v1/admin/workers/w0/drain", Access.ADMIN), ("/v1/admin", Access.ADMIN),
     ("/v2/repository/models/digits/load", Access.ADMIN), ("/v2/repository/models/digits/unload", Access.ADMIN),
     ("/v2/repository/index", Access.API), ("/v1/chat/completions", Access.API), ("/tokenize", Access.API),
     ("/detokenize", Access.API), ("/v2/models/digits/infer", Access.API), ("/v2", Access.API),
-    ("/version", Access.API), ("/docs", Access.API), ("/nowhere", Access.API), ("/v1/administrator", Access.API),
+    ("/docs", Access.API), ("/nowhere", Access.API), ("/v1/administrator", Access.API),
 ])
 def test_paths(path: str, access: Access) -> None:
     assert classify_path(path) is access
