@@ -36,7 +36,8 @@ def build_state(settings: Settings) -> AppState:
     # The router and worker pool exist in every gateway, so workers can register at any time.
     router = Router(settings.router_config(), registry, shared)
     state = AppState(settings=settings, registry=registry, metrics=metrics, llm=llm, router=router,
-                     workers=WorkerPool(llm.registry, router, settings.model_repository))
+                     workers=WorkerPool(llm.registry, router, settings.model_repository,
+                                        stall_timeout_s=settings.worker_stall_timeout_s))
     if settings.model_repository is not None:
         state.classic = ModelRepositoryManager(settings.model_repository, control_mode=settings.model_control_mode,
                                                startup_models=list(settings.load_models))

@@ -38,6 +38,9 @@ class Settings(BaseSettings):
     max_fanout: int = Field(default=128, ge=1, le=4096)  # engine requests (prompts × n) per API request
     max_body_bytes: int = Field(default=8 * 1024 * 1024, ge=1024)
     sse_ping_s: float = Field(default=5.0, gt=0.0)
+    # A worker stream that sent its first chunk and then nothing for this long is ended
+    # with an error (a stopped or wedged worker keeps its connection open).
+    worker_stall_timeout_s: float = Field(default=60.0, gt=0.0)
     engine_max_batch_size: int = Field(default=32, ge=1)
     served_llms: tuple[str, ...] = ()  # restrict which LLMs of the repository to load (empty: all)
     # repr=False: settings get logged; the key must never be.

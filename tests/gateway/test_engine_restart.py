@@ -104,7 +104,7 @@ def _answer(http: httpx.Client) -> str:
     return str(r.json()["choices"][0]["message"]["content"])
 
 
-class ThreadKilled(BaseException):  # noqa: N818 - it is not an error the engine could report
+class ThreadKilled(BaseException):
     """Not an Exception: transformers' loop does not catch it, so it answers none of its requests."""
 
 
