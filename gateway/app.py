@@ -16,7 +16,7 @@ from gateway.llm.local import LLMSpec
 from gateway.llm.service import LLMService
 from gateway.llm.workers import WorkerPool
 from gateway.metrics import EngineStatsCollector, LLMMetrics
-from gateway.middleware import SluiceMiddleware
+from gateway.middleware import DrainMiddleware, SluiceMiddleware
 from gateway.openai import chat, completions, embeddings, models, tokenize
 from gateway.settings import Settings
 from gateway.state import AppState
@@ -63,6 +63,8 @@ def create_app(settings: Settings, llm_specs: list[LLMSpec] | None = None) -> Fa
         known = state.llm.registry.has(model) or (state.embeddings is not None and model in state.embeddings.models)
         state.metrics.requests.labels(route, model if known else "", str(status)).inc()
 
+    # Added first, so it runs inside SluiceMiddleware: refusals while draining get request ids and are logged.
+    app.add_middleware(DrainMiddleware, drain=state.drain)
     app.add_middleware(SluiceMiddleware, max_body_bytes=settings.max_body_bytes, observe=observe)
     for module in (chat, completions, embeddings, models, tokenize, ops, admin):
         app.include_router(module.router)

@@ -45,6 +45,8 @@ def _serve_parser(sub: Any) -> None:
     p.add_argument("--max-body-bytes", type=int, help="larger request bodies get 413 [8 MiB]")
     p.add_argument("--max-batch-size", dest="engine_max_batch_size", type=int,
                    help="in-process engine batch size [32]")
+    p.add_argument("--drain-timeout-s", type=float,
+                   help="on SIGTERM, how long in-flight requests may finish while new ones get 503 [30]")
     p.add_argument("--worker-stall-timeout-s", type=float,
                    help="end a worker stream that sent nothing for this long after its first chunk [60]")
     p.add_argument("--log-level", help="[SLUICE_LOG_LEVEL; info]")

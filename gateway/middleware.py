@@ -1,4 +1,5 @@
-"""Pure ASGI middleware: request ids, body-size limit, last-resort 500s, access log without prompts."""
+"""Pure ASGI middleware: request ids, body-size limit, last-resort 500s, access log without prompts;
+and the drain gate (`gateway.drain`)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from typing import Any
 from starlette.exceptions import HTTPException
 
 from engines.errors import ErrorKind, SluiceError
+from gateway.drain import Drain, shutting_down
 from gateway.errors import error_bytes
 
 log = logging.getLogger("sluice.access")
@@ -20,6 +22,7 @@ Message = dict[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+_DRAIN_PASS_THROUGH = frozenset({"/health", "/metrics"})  # probes and scrapes go on while draining
 
 
 class BodyTooLarge(HTTPException):
@@ -106,3 +109,34 @@ class SluiceMiddleware:
         await send({"type": "http.response.start", "status": status, "headers": raw})
         await send({"type": "http.response.body", "body": payload})
         return status
+
+
+class DrainMiddleware:
+    """Counts requests in flight; while draining, answers new ones 503 with Retry-After and
+    `Connection: close` in the route's protocol (see `gateway.drain`)."""
+
+    def __init__(self, app: ASGIApp, drain: Drain) -> None:
+        self.app = app
+        self.drain = drain
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope.get("path") in _DRAIN_PASS_THROUGH:
+            await self.app(scope, receive, send)
+            return
+        if self.drain.draining:
+            await _refuse_draining(scope, send)
+            return
+        self.drain.enter()
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            self.drain.exit()
+
+
+async def _refuse_draining(scope: Scope, send: Send) -> None:
+    status, payload, headers = error_bytes(scope.get("path", ""), shutting_down())
+    raw = [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode()),
+           (b"connection", b"close")]
+    raw += [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()]
+    await send({"type": "http.response.start", "status": status, "headers": raw})
+    await send({"type": "http.response.body", "body": payload})

@@ -38,6 +38,8 @@ class Settings(BaseSettings):
     max_fanout: int = Field(default=128, ge=1, le=4096)  # engine requests (prompts × n) per API request
     max_body_bytes: int = Field(default=8 * 1024 * 1024, ge=1024)
     sse_ping_s: float = Field(default=5.0, gt=0.0)
+    # On SIGTERM: how long in-flight requests may run on while new ones get 503.
+    drain_timeout_s: float = Field(default=30.0, ge=0.0)
     # A worker stream that sent its first chunk and then nothing for this long is ended
     # with an error (a stopped or wedged worker keeps its connection open).
     worker_stall_timeout_s: float = Field(default=60.0, gt=0.0)

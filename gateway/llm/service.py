@@ -7,6 +7,8 @@ protocol and raises only domain errors (`engines.errors.SluiceError`).
 
 from __future__ import annotations
 
+import asyncio
+import weakref
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -48,6 +50,7 @@ class LLMService:
         self.metrics = metrics
         self.registry = ModelRegistry(admission or AdmissionConfig())
         self.max_fanout = max_fanout  # engine requests one API request may create
+        self._live: weakref.WeakSet[Dispatch] = weakref.WeakSet()  # for interrupt_all; closed ones are skipped
 
     def get(self, name: str) -> LLMModel:
         return self.registry.get(name)
@@ -62,7 +65,15 @@ class LLMService:
         requests = self._engine_requests(call)
         ranked = [call.model.backend.rank(r, call.hints) for r in requests]
         ticket = call.model.admission.try_admit(len(requests))
-        return start_dispatch(self.metrics, call.model, requests, ranked, ticket, call.request_id)
+        d = start_dispatch(self.metrics, call.model, requests, ranked, ticket, call.request_id)
+        self._live.add(d)
+        return d
+
+    async def interrupt_all(self, error: SluiceError) -> int:
+        """End every dispatch still running with `error` (a drain's deadline); returns how many."""
+        live = [d for d in list(self._live) if not d.closed]
+        await asyncio.gather(*(d.interrupt(error) for d in live))
+        return len(live)
 
     def check_fanout(self, prompts: int, n: int) -> None:
         """One API request becomes prompts × n engine requests; each is a slot in the engine."""
