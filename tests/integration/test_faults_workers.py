@@ -16,6 +16,7 @@ import asyncio
 import json
 import os
 import signal
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -43,11 +44,31 @@ def pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Server, lis
             gateway.stop()
 
 
-def _engine_group(worker: Worker) -> int:
-    """The process group of the vLLM server the launcher started (its own session)."""
+def _engine_server(worker: Worker) -> psutil.Process:
+    """The vLLM server the launcher started (the leader of its own process group)."""
     children = psutil.Process(worker.proc.pid).children()
     assert children, "the launcher has no vLLM child"
-    return os.getpgid(children[0].pid)
+    return children[0]
+
+
+def _engine_group(worker: Worker) -> int:
+    return os.getpgid(_engine_server(worker).pid)
+
+
+def _when_dead(proc: psutil.Process, out: dict[str, float]) -> None:
+    """Record in `out["t"]` when `proc` has exited (its sockets are closed by then); polls."""
+    def watch() -> None:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                if proc.status() in (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD):
+                    break
+            except psutil.NoSuchProcess:
+                break
+            time.sleep(0.005)
+        out["t"] = time.monotonic()
+
+    threading.Thread(target=watch, daemon=True).start()
 
 
 @dataclass
@@ -142,11 +163,15 @@ async def test_a_killed_worker_mid_stream_ends_its_stream_at_once_and_traffic_mo
         streams, tasks = await _two_streams(http, "kill", 1500, 300)
         victim = by_name[streams[0].worker]
         survivor = streams[1].worker
-        os.killpg(_engine_group(victim), signal.SIGKILL)
+        server, dead = _engine_server(victim), {}
+        os.killpg(os.getpgid(server.pid), signal.SIGKILL)
         killed_at = time.monotonic()
+        _when_dead(server, dead)
         await asyncio.wait_for(tasks[0], 30)
         took = streams[0].ended_at - killed_at
-        print(f"\nFAULT-TIMING SIGKILL: stream ended {took:.3f} s after the kill")
+        await asyncio.sleep(0.1)
+        print(f"\nFAULT-TIMING SIGKILL: stream ended {took:.3f} s after the kill; the process had exited "
+              f"{dead.get('t', float('nan')) - killed_at:.3f} s after it")
         assert streams[0].error is not None and streams[0].payloads[-1] == "[DONE]", streams[0].payloads[-3:]
         assert took < 2.0
 
