@@ -78,6 +78,7 @@ class TransformersEngine:
         self._steps = 0
         self._batched_steps = 0
         self._supervisor = EngineSupervisor(config.name, self, backoff=config.restart_backoff)
+        self._creating: asyncio.Future[ContinuousBatchingManager] | None = None
 
     # -- lifecycle ---------------------------------------------------------
     async def start(self) -> None:
@@ -90,7 +91,11 @@ class TransformersEngine:
 
     async def _start_manager(self) -> None:
         assert self._loaded is not None
-        self._manager = await asyncio.to_thread(new_manager, self._loaded, self.config, self._record_batch)
+        # Shielded: if a stop cancels a restart here, the thread still finishes building a manager
+        # (with a running, non-daemon thread), and stop() must find it to stop it.
+        self._creating = asyncio.ensure_future(
+            asyncio.to_thread(new_manager, self._loaded, self.config, self._record_batch))
+        self._manager = await asyncio.shield(self._creating)
         if self.config.warmup:
             await asyncio.wait_for(self._warmup(self._manager), self.config.warmup_timeout_s)
         self._ready = True
@@ -122,6 +127,10 @@ class TransformersEngine:
     async def stop(self) -> None:
         self._ready = False
         await self._supervisor.stop()
+        creating, self._creating = self._creating, None
+        if self._manager is None and creating is not None:
+            built = (await asyncio.gather(creating, return_exceptions=True))[0]
+            self._manager = None if isinstance(built, BaseException) else built
         if self._manager is not None:
             manager, self._manager = self._manager, None
             await asyncio.to_thread(manager.stop, True, 10)
@@ -158,11 +167,7 @@ class TransformersEngine:
                 await asyncio.to_thread(old.stop, True, 10)
             except Exception:
                 log.warning("engine %s: stopping the dead manager failed", self.name, exc_info=True)
-        try:
-            await self._start_manager()
-        except BaseException:
-            self._ready = False
-            raise
+        await self._start_manager()  # ready again only once warm; if it raises, the supervisor retries
 
     # -- requests ----------------------------------------------------------
     def generate(self, request: EngineRequest) -> AsyncGenerator[Delta, None]:
