@@ -106,6 +106,7 @@ class EngineStats:
     # operator can read batching over any window as the difference of two snapshots.
     steps: int = 0
     batched_steps: int = 0
+    restarts: int = 0  # times a supervisor restarted the engine after its generation loop died
 
 
 class EngineError(SluiceError):

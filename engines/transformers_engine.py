@@ -10,11 +10,15 @@ This module adapts it to the `LLMEngine` contract:
   per-request processors; greedy is top-k 1; a seeded request draws its token
   from its own generator (see `SeededSampler`), so its output does not depend on
   what else shares the batch;
-- stop strings are applied here (detokenizer), stop token ids as extra EOS ids.
+- stop strings are applied here (detokenizer), stop token ids as extra EOS ids;
+- an `EngineSupervisor` watches the background thread: if it dies, every open
+  request ends with an error Delta, new ones are refused (UNAVAILABLE) and a fresh,
+  warmed-up manager replaces the dead one (`restart`).
 
 After `cancel_request` the manager may deliver one more output and never a
 final one, so completion is tracked here, not by waiting for the manager's last
-output. Every use of transformers' private internals is in `transformers_compat`.
+output. Every use of transformers' private internals is in `transformers_compat`;
+loading and building managers is in `transformers_loading`.
 """
 
 from __future__ import annotations
@@ -24,52 +28,35 @@ import logging
 import threading
 from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass
-from pathlib import Path
+from functools import partial
 from typing import TYPE_CHECKING
 
 from engines import transformers_compat as compat
 from engines.base import Delta, EngineError, EngineRequest, EngineStats, SamplingParams
 from engines.detokenizer import IncrementalDetokenizer
+from engines.engine_supervisor import EngineSupervisor
 from engines.errors import ErrorKind
+from engines.transformers_loading import LoadedModel, TransformersEngineConfig, load_model, new_manager
 from engines.transformers_outputs import OutputStream
 from engines.transformers_requests import check_prompt, check_sampling, end_token_ids, sampling_kwargs
 
 if TYPE_CHECKING:
-    from transformers import (
-        ContinuousBatchingConfig,
-        ContinuousBatchingManager,
-        GenerationConfig,
-        PreTrainedTokenizerBase,
-    )
+    from transformers import ContinuousBatchingManager, PreTrainedTokenizerBase
     from transformers.generation.continuous_batching.requests import GenerationOutput
 
 log = logging.getLogger(__name__)
+__all__ = ["TransformersEngine", "TransformersEngineConfig"]
 
-# transformers creates a per-request processor only when the global default is
-# not the neutral value, so the defaults here are deliberately non-neutral.
-# Every request passes its own values, so these never apply.
-_DEFAULT_TEMPERATURE = 0.5
-_DEFAULT_TOP_K = 1000
-_DEFAULT_TOP_P = 0.99
+# How long a finished request's sink handler stays registered for late outputs.
+_LATE_OUTPUT_GRACE_S = 30.0
+_WARMUP_POLL_S = 0.25  # how often a warm-up checks that the generation loop is still alive
 
 
 @dataclass(frozen=True, slots=True)
-class TransformersEngineConfig:
-    model_dir: Path
-    name: str
-    dtype: str = "float32"  # bfloat16 has no native arithmetic on AVX2-only CPUs and runs slower there
-    device: str = "cpu"
-    max_batch_size: int = 32  # requests in one running batch
-    max_batch_tokens: int = 2048  # prefill+decode tokens in one forward pass
-    kv_num_blocks: int = 128
-    kv_page_size: int = 256  # tokens per KV block
-    warmup: bool = True
+class _Ended:
+    """Queue item that ends a request's stream: an abort (error None) or an engine failure."""
 
-    def __post_init__(self) -> None:
-        if self.max_batch_size < 1:
-            raise ValueError(f"max_batch_size must be >= 1, got {self.max_batch_size}")
-        if self.dtype not in ("float32", "bfloat16", "float16"):
-            raise ValueError(f"dtype must be float32, bfloat16 or float16, got {self.dtype!r}")
+    error: str | None = None
 
 
 class TransformersEngine:
@@ -80,72 +67,38 @@ class TransformersEngine:
         self.name = config.name
         self.tokenizer: PreTrainedTokenizerBase | None = None
         self.context_length = 2048
+        self._loaded: LoadedModel | None = None
         self._manager: ContinuousBatchingManager | None = None
         self._eos_ids: list[int] = []
         self._ready = False
         self._lock = threading.Lock()
-        self._active: dict[str, asyncio.Queue[GenerationOutput | _Aborted]] = {}
+        self._active: dict[str, asyncio.Queue[GenerationOutput | _Ended]] = {}
         self._first_token: set[str] = set()
         self._max_batch_seen = 0
         self._steps = 0
         self._batched_steps = 0
+        self._supervisor = EngineSupervisor(config.name, self, backoff=config.restart_backoff)
+        self._creating: asyncio.Future[ContinuousBatchingManager] | None = None
 
     # -- lifecycle ---------------------------------------------------------
     async def start(self) -> None:
         compat.check_version()
-        await asyncio.to_thread(self._load)
+        loaded = await asyncio.to_thread(load_model, self.config)
+        self._loaded, self.tokenizer = loaded, loaded.tokenizer
+        self.context_length, self._eos_ids = loaded.context_length, loaded.eos_ids
+        await self._start_manager()
+        self._supervisor.start()
+
+    async def _start_manager(self) -> None:
+        assert self._loaded is not None
+        # Shielded: if a stop cancels a restart here, the thread still finishes building a manager
+        # (with a running, non-daemon thread), and stop() must find it to stop it.
+        self._creating = asyncio.ensure_future(
+            asyncio.to_thread(new_manager, self._loaded, self.config, self._record_batch))
+        self._manager = await asyncio.shield(self._creating)
         if self.config.warmup:
-            await self._warmup()
+            await asyncio.wait_for(self._warmup(self._manager), self.config.warmup_timeout_s)
         self._ready = True
-
-    def _load(self) -> None:
-        import torch
-        from transformers import AutoModelForCausalLM, AutoTokenizer
-
-        from engines.seeded_sampler import install_seeded_sampler
-
-        cfg = self.config
-        self.tokenizer = AutoTokenizer.from_pretrained(cfg.model_dir)
-        model = AutoModelForCausalLM.from_pretrained(
-            cfg.model_dir, dtype=getattr(torch, cfg.dtype), attn_implementation="paged|sdpa"
-        )
-        module: torch.nn.Module = model  # transformers types `to` and `eval` as unbound Module methods
-        module.to(cfg.device).eval()
-        self.context_length = int(getattr(model.config, "max_position_embeddings", 2048))
-        self._eos_ids = _eos_ids(model.generation_config.eos_token_id, self.tokenizer.eos_token_id)
-        manager = model.init_continuous_batching(generation_config=self._generation_config(),
-                                                 continuous_batching_config=self._batching_config())
-        compat.require_internals(manager)
-        install_seeded_sampler(manager)
-        compat.watch_batch_sizes(manager, self._record_batch)
-        manager.start()
-        self._manager = manager
-
-    def _generation_config(self) -> GenerationConfig:
-        from transformers import GenerationConfig
-
-        return GenerationConfig.from_dict({
-            "do_sample": True,
-            "temperature": _DEFAULT_TEMPERATURE,
-            "top_k": _DEFAULT_TOP_K,
-            "top_p": _DEFAULT_TOP_P,
-            "max_new_tokens": 256,
-            "eos_token_id": self._eos_ids,
-            "pad_token_id": self._eos_ids[0] if self._eos_ids else 0,
-        })
-
-    def _batching_config(self) -> ContinuousBatchingConfig:
-        from transformers import ContinuousBatchingConfig
-
-        cfg = self.config
-        return ContinuousBatchingConfig(
-            per_request_processors=True,
-            max_requests_per_batch=cfg.max_batch_size,
-            max_batch_tokens=cfg.max_batch_tokens,
-            num_blocks=cfg.kv_num_blocks,
-            page_size=cfg.kv_page_size,
-            use_cuda_graph=False,
-        )
 
     def _record_batch(self, size: int) -> None:
         self._max_batch_seen = max(self._max_batch_seen, size)
@@ -153,39 +106,82 @@ class TransformersEngine:
         if size > 1:
             self._batched_steps += 1
 
-    async def _warmup(self) -> None:
-        """The first batch is slow (allocation, kernel selection); pay it before serving."""
+    async def _warmup(self, manager: ContinuousBatchingManager) -> None:
+        """The first batch is slow (allocation, kernel selection); pay it before serving.
+        Raises RuntimeError if the generation loop fails or dies meanwhile."""
         ids = self._tokenizer().encode("Hello")
         req = EngineRequest("warmup", self.name, ids, SamplingParams(max_tokens=4, temperature=0.0))
-        async for _ in self.generate(req):
-            pass
+        task = asyncio.ensure_future(_last_delta(self._stream(req, require_ready=False)))
+        try:
+            while not (await asyncio.wait({task}, timeout=_WARMUP_POLL_S))[0]:
+                if not manager.is_running():
+                    raise RuntimeError(f"the generation loop of {self.name} died during warm-up")
+            last = task.result()
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+        if last is None or last.finish_reason == "error":
+            raise RuntimeError(f"warm-up of {self.name} failed: {last.error if last else 'no output'}")
         self._max_batch_seen = 0
 
     async def stop(self) -> None:
         self._ready = False
+        await self._supervisor.stop()
+        creating, self._creating = self._creating, None
+        if self._manager is None and creating is not None:
+            built = (await asyncio.gather(creating, return_exceptions=True))[0]
+            self._manager = None if isinstance(built, BaseException) else built
         if self._manager is not None:
             manager, self._manager = self._manager, None
             await asyncio.to_thread(manager.stop, True, 10)
 
     def ready(self) -> bool:
-        return self._ready and self._manager is not None and self._manager.is_running()
+        return self._ready and self.loop_alive()
 
     def stats(self) -> EngineStats:
         with self._lock:
             total = len(self._active)
             running = len(self._first_token & set(self._active))
         return EngineStats(running=total, waiting=total - running, max_batch_size_seen=self._max_batch_seen,
-                           steps=self._steps, batched_steps=self._batched_steps)
+                           steps=self._steps, batched_steps=self._batched_steps,
+                           restarts=self._supervisor.restarts)
+
+    # -- supervision (engines.engine_supervisor.SupervisedEngine) ------------
+    def loop_alive(self) -> bool:
+        manager = self._manager
+        return manager is not None and manager.is_running()
+
+    def fail_in_flight(self, reason: str) -> int:
+        self._ready = False
+        with self._lock:
+            queues = list(self._active.values())
+        for queue in queues:
+            queue.put_nowait(_Ended(reason))
+        return len(queues)
+
+    async def restart(self) -> None:
+        self._ready = False
+        old, self._manager = self._manager, None
+        if old is not None:
+            try:  # joins the dead thread and releases its cache
+                await asyncio.to_thread(old.stop, True, 10)
+            except Exception:
+                log.warning("engine %s: stopping the dead manager failed", self.name, exc_info=True)
+        await self._start_manager()  # ready again only once warm; if it raises, the supervisor retries
 
     # -- requests ----------------------------------------------------------
-    async def generate(self, request: EngineRequest) -> AsyncGenerator[Delta, None]:
+    def generate(self, request: EngineRequest) -> AsyncGenerator[Delta, None]:
+        return self._stream(request, require_ready=True)
+
+    async def _stream(self, request: EngineRequest, *, require_ready: bool) -> AsyncGenerator[Delta, None]:
         manager = self._manager
-        if manager is None:
-            raise EngineError("engine is not running", ErrorKind.UNAVAILABLE, retryable=True)
+        if manager is None or (require_ready and not self._ready):
+            raise EngineError(f"the engine {self.name} is not running (restarting?); retry shortly",
+                              ErrorKind.UNAVAILABLE, retryable=True, retry_after_s=2.0)
         check_sampling(request.sampling)
         check_prompt(request.prompt_token_ids, len(self._tokenizer()), self.context_length)
         rid = request.request_id
-        queue: asyncio.Queue[GenerationOutput | _Aborted] = asyncio.Queue()
+        queue: asyncio.Queue[GenerationOutput | _Ended] = asyncio.Queue()
         with self._lock:
             if rid in self._active:
                 raise EngineError(f"request id {rid!r} is already running", ErrorKind.ALREADY_EXISTS)
@@ -195,11 +191,11 @@ class TransformersEngine:
                               len(request.prompt_token_ids), {*self._eos_ids, *s.stop_token_ids})
         try:
             manager.register_result_handler(rid, queue.put_nowait)
-            await asyncio.to_thread(self._submit, request)
+            await asyncio.to_thread(self._submit, manager, request)
             while True:
                 out = await queue.get()
-                if isinstance(out, _Aborted):
-                    yield stream.aborted()
+                if isinstance(out, _Ended):
+                    yield stream.aborted() if out.error is None else stream.failed(out.error)
                     return
                 if out.generated_tokens and not out.error:
                     with self._lock:
@@ -210,12 +206,11 @@ class TransformersEngine:
                     if delta.finish_reason is not None:
                         return
         finally:
-            self._forget(rid, cancel=not stream.manager_done)
+            self._forget(rid, manager, cancel=not stream.manager_done)
 
-    def _submit(self, request: EngineRequest) -> None:
+    def _submit(self, manager: ContinuousBatchingManager, request: EngineRequest) -> None:
         s = request.sampling
-        manager = self._manager
-        rid = None if manager is None else manager.add_request(
+        rid = manager.add_request(
             input_ids=request.prompt_token_ids,
             request_id=request.request_id,
             max_new_tokens=max(1, s.max_tokens),
@@ -230,25 +225,18 @@ class TransformersEngine:
         queue = self._active.get(request_id)
         if queue is not None:
             # Wake the generator; its finally block cancels in the manager.
-            queue.put_nowait(_Aborted())
+            queue.put_nowait(_Ended())
 
-    def _forget(self, rid: str, *, cancel: bool) -> None:
+    def _forget(self, rid: str, manager: ContinuousBatchingManager, *, cancel: bool) -> None:
         with self._lock:
             self._active.pop(rid, None)
             self._first_token.discard(rid)
-        manager = self._manager
-        if manager is None:
-            return
         if cancel:
             manager.cancel_request(rid)
         # Keep a sink registered for late outputs so they do not pile up in the
         # manager's shared queue; drop it after a grace period.
         compat.sink_result_handler(manager, rid)
-        asyncio.get_running_loop().call_later(_LATE_OUTPUT_GRACE_S, self._drop_handler, rid)
-
-    def _drop_handler(self, rid: str) -> None:
-        if self._manager is not None:
-            compat.drop_result_handler(self._manager, rid)
+        asyncio.get_running_loop().call_later(_LATE_OUTPUT_GRACE_S, partial(compat.drop_result_handler, manager, rid))
 
     def _tokenizer(self) -> PreTrainedTokenizerBase:
         if self.tokenizer is None:
@@ -259,16 +247,8 @@ class TransformersEngine:
         return str(self._tokenizer().decode(list(ids), skip_special_tokens=True))
 
 
-# How long a finished request's sink handler stays registered for late outputs.
-_LATE_OUTPUT_GRACE_S = 30.0
-
-
-def _eos_ids(model_eos: int | list[int] | None, tokenizer_eos: int | None) -> list[int]:
-    ids = [model_eos] if isinstance(model_eos, int) else list(model_eos or [])
-    if tokenizer_eos is not None and tokenizer_eos not in ids:
-        ids.append(tokenizer_eos)
-    return ids
-
-
-class _Aborted:
-    """Queue item that ends a request's stream with finish_reason "abort"."""
+async def _last_delta(stream: AsyncGenerator[Delta, None]) -> Delta | None:
+    last: Delta | None = None
+    async for delta in stream:
+        last = delta
+    return last

@@ -56,5 +56,10 @@ class OutputStream:
     def aborted(self) -> Delta:
         return self._final("abort")
 
+    def failed(self, error: str) -> Delta:
+        """The engine failed underneath the request (its generation loop died)."""
+        self.manager_done = True
+        return self._final("error", error=error)
+
     def _final(self, reason: FinishReason, error: str | None = None) -> Delta:
         return Delta(finish_reason=reason, error=error, completion_tokens=self.sent, prompt_tokens=self.prompt_tokens)

@@ -17,7 +17,7 @@ from gateway.llm.local import LLMSpec
 from gateway.llm.service import LLMService
 from gateway.llm.workers import WorkerPool
 from gateway.metrics import EngineStatsCollector, LLMMetrics
-from gateway.middleware import BodyLimitMiddleware, SluiceMiddleware
+from gateway.middleware import BodyLimitMiddleware, DrainMiddleware, SluiceMiddleware
 from gateway.openai import chat, completions, embeddings, models, tokenize
 from gateway.render import Renderer
 from gateway.security.guard import build_security
@@ -46,8 +46,9 @@ def build_state(settings: Settings) -> AppState:
     router = Router(settings.router_config(), registry, shared)
     renderer = Renderer(settings.template_timeout_s, settings.template_threads, settings.allow_client_chat_templates)
     state = AppState(settings=settings, registry=registry, metrics=metrics, llm=llm, router=router,
-                     workers=WorkerPool(llm.registry, router, settings.model_repository), renderer=renderer,
-                     security=security)
+                     workers=WorkerPool(llm.registry, router, settings.model_repository,
+                                        stall_timeout_s=settings.worker_stall_timeout_s),
+                     renderer=renderer, security=security)
     if settings.model_repository is not None:
         state.classic = ModelRepositoryManager(settings.model_repository, control_mode=settings.model_control_mode,
                                                startup_models=list(settings.load_models))
@@ -74,14 +75,16 @@ def create_app(settings: Settings, llm_specs: list[LLMSpec] | None = None) -> Fa
         state.metrics.requests.labels(route, model if known else "", str(status)).inc()
 
     # Added innermost first. From the outside in: request id, in-flight bound, 500s and the
-    # access log; CORS (a preflight needs no key); access control; then the body limits, so
-    # a stranger cannot make the server read or inflate a body.
+    # access log; the drain gate (refusals while draining get request ids and are logged);
+    # CORS (a preflight needs no key); access control; then the body limits, so a stranger
+    # cannot make the server read or inflate a body.
     app.add_middleware(BodyLimitMiddleware, max_body_bytes=settings.max_body_bytes,
                        body_timeout_s=settings.body_timeout_s)
     app.add_middleware(AccessMiddleware, security=state.security, render=errors.error_bytes)
     if state.security.cors_allow_origins:
         app.add_middleware(CORSMiddleware, allow_origins=state.security.cors_allow_origins, allow_methods=["*"],
                            allow_headers=["*"], expose_headers=_EXPOSED_HEADERS)
+    app.add_middleware(DrainMiddleware, drain=state.drain)
     app.add_middleware(SluiceMiddleware, max_inflight=settings.max_inflight_requests, observe=observe)
     for module in (chat, completions, embeddings, models, tokenize, ops, admin):
         app.include_router(module.router)

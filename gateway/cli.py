@@ -55,6 +55,10 @@ def _serve_parser(sub: Any) -> None:
     p.add_argument("--template-timeout-s", type=float, help="time limit of one chat-template render [5]")
     p.add_argument("--allow-client-chat-templates", action="store_true",
                    help="let requests carry their own chat_template (a template is code the server runs)")
+    p.add_argument("--drain-timeout-s", type=float,
+                   help="on SIGTERM, how long in-flight requests may finish while new ones get 503 [30]")
+    p.add_argument("--worker-stall-timeout-s", type=float,
+                   help="end a worker stream that sent nothing for this long after its first chunk [60]")
     p.add_argument("--log-level", help="[SLUICE_LOG_LEVEL; info]")
     p.add_argument("--log-format", choices=LOG_FORMATS, help="text, or json: one object per line [text]")
     _security_flags(p)

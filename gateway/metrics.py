@@ -65,10 +65,14 @@ class EngineStatsCollector(Collector):
         steps = CounterMetricFamily("sluice_engine_steps", "Forward passes the engine has run.", labels=["model"])
         batched = CounterMetricFamily("sluice_engine_batched_steps",
                                       "Forward passes that ran more than one request.", labels=["model"])
+        restarts = CounterMetricFamily("sluice_engine_restarts",
+                                       "Times the engine's supervisor restarted it after its generation loop "
+                                       "died.", labels=["model"])
         for model, stats in self._source():
             running.add_metric([model], stats.running)
             waiting.add_metric([model], stats.waiting)
             batch.add_metric([model], stats.max_batch_size_seen)
             steps.add_metric([model], stats.steps)
             batched.add_metric([model], stats.batched_steps)
-        yield from (running, waiting, batch, steps, batched)
+            restarts.add_metric([model], stats.restarts)
+        yield from (running, waiting, batch, steps, batched, restarts)

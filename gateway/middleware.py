@@ -1,4 +1,5 @@
-"""Pure ASGI middleware: request ids, body limits, in-flight bound, last-resort 500s, access log without prompts."""
+"""Pure ASGI middleware: request ids, body limits, in-flight bound, last-resort 500s, access log without
+prompts; and the drain gate (`gateway.drain`)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from engines.errors import ErrorKind, SluiceError
+from gateway.drain import Drain, shutting_down
 from gateway.errors import error_bytes
 from gateway.limits import BodyTooLarge, check_json_depth, read_body
 
@@ -21,6 +23,8 @@ Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 BODY_BYTES = "sluice_body_bytes"  # scope state: the body's size on the wire, for the access log
+_DRAIN_PASS_THROUGH = frozenset({"/health", "/metrics"})  # probes and scrapes go on while draining
+
 
 
 class SluiceMiddleware:
@@ -161,3 +165,32 @@ class BodyLimitMiddleware:
 
         return scope, replay, wire
 
+class DrainMiddleware:
+    """Counts requests in flight; while draining, answers new ones 503 with Retry-After and
+    `Connection: close` in the route's protocol (see `gateway.drain`)."""
+
+    def __init__(self, app: ASGIApp, drain: Drain) -> None:
+        self.app = app
+        self.drain = drain
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope.get("path") in _DRAIN_PASS_THROUGH:
+            await self.app(scope, receive, send)
+            return
+        if self.drain.draining:
+            await _refuse_draining(scope, send)
+            return
+        self.drain.enter()
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            self.drain.exit()
+
+
+async def _refuse_draining(scope: Scope, send: Send) -> None:
+    status, payload, headers = error_bytes(scope.get("path", ""), shutting_down())
+    raw = [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode()),
+           (b"connection", b"close")]
+    raw += [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()]
+    await send({"type": "http.response.start", "status": status, "headers": raw})
+    await send({"type": "http.response.body", "body": payload})

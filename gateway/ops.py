@@ -16,6 +16,9 @@ router = APIRouter()
 async def health(request: Request) -> Response:
     """200 once every model can serve; 503 with a reason while starting or degraded."""
     st = state_of(request)
+    if st.drain.draining:
+        return JSONResponse({"status": "unavailable", "detail": "draining"}, status_code=503,
+                            headers={"Retry-After": "1"})
     ok = st.ready and st.llm.ready() and (st.classic is None or st.classic.ready())
     if ok:
         return JSONResponse({"status": "ok"})

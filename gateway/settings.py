@@ -45,6 +45,11 @@ class Settings(BaseSettings):
     header_timeout_s: float = Field(default=10.0, gt=0.0)  # a client's time to send its request headers
     body_timeout_s: float = Field(default=30.0, gt=0.0)  # ... and its body
     sse_ping_s: float = Field(default=5.0, gt=0.0)
+    # On SIGTERM: how long in-flight requests may run on while new ones get 503.
+    drain_timeout_s: float = Field(default=30.0, ge=0.0)
+    # A worker stream that sent its first chunk and then nothing for this long is ended
+    # with an error (a stopped or wedged worker keeps its connection open).
+    worker_stall_timeout_s: float = Field(default=60.0, gt=0.0)
     engine_max_batch_size: int = Field(default=32, ge=1)
     template_timeout_s: float = Field(default=5.0, gt=0.0)  # one chat-template render, off the event loop
     template_threads: int = Field(default=4, ge=1, le=64)  # renders at once; beyond it 503

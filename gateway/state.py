@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 from fastapi import Request
 from prometheus_client import CollectorRegistry
 
+from gateway.drain import Drain
 from gateway.llm.service import LLMService
 from gateway.llm.targets import RouteHints
 from gateway.llm.workers import WorkerPool
@@ -38,6 +39,7 @@ class AppState:
     started_at: float = field(default_factory=time.time)
     ready: bool = False  # set once every model can serve
     startup_error: str | None = None
+    drain: Drain = field(default_factory=Drain)  # in-flight requests; draining after SIGTERM
 
 
 def state_of(request: Request) -> AppState:

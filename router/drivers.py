@@ -3,8 +3,11 @@
 Per worker: an active health check, a /metrics scrape (vLLM workers), and a
 KV-event subscriber (ZMQ for vLLM, polling for TRT-LLM). Plus one maintenance
 task that prunes expired index entries and refreshes gauges once a second.
-Every loop is a plain asyncio task cancelled by `stop()`; none lets an
-exception escape (a worker being down is the normal case these loops exist for).
+Every loop is an asyncio task cancelled by `stop()`. A worker being down is
+the normal case these loops exist for and raises nothing; anything else that
+escapes a loop (a bug, a closed socket) is logged with its traceback, counted
+(`record_task_restart`, exported as `sluice_background_task_restarts_total`)
+and the loop is started again after a bounded backoff (`engines.supervision`).
 
 The drivers know a worker only by its :class:`~router.config.WorkerInfo` and
 report everything they learn through a :class:`WorkerFeed`; they never see
@@ -15,11 +18,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Protocol
 
 import httpx
 
+from engines.supervision import Backoff, supervise
 from router.config import RouterConfig, WorkerInfo
 from router.events import EventBatch, KVEvent
 from router.health import check_health
@@ -28,6 +32,7 @@ from router.load import ScrapedMetrics, scrape_metrics
 
 log = logging.getLogger(__name__)
 _MAINTENANCE_INTERVAL_S = 1.0
+_RESTART_BACKOFF = Backoff(initial_s=0.5, max_s=30.0)
 
 
 class WorkerFeed(Protocol):
@@ -44,8 +49,9 @@ class WorkerFeed(Protocol):
     def apply_kv_events(self, worker: str, events: Sequence[KVEvent]) -> None:
         """Events without a batch (TRT-LLM), in order."""
 
-    def reset_kv_state(self, worker: str) -> None:
-        """Event continuity was lost: the worker's exact index entries can no longer be trusted."""
+    def reset_kv_state(self, worker: str, reason: str) -> None:
+        """Event continuity was lost: the worker's exact index entries can no longer be trusted.
+        `reason` is one of `router.metrics.KV_RESET_REASONS` (a metric label)."""
 
     def record_kv_gap(self, worker: str, filled: bool) -> None:
         """A sequence gap in the worker's events; `filled` if replay recovered every missed batch."""
@@ -57,6 +63,9 @@ class WorkerFeed(Protocol):
 
     def maintain(self) -> None:
         """Periodic housekeeping: drop expired speculative entries, refresh per-worker gauges."""
+
+    def record_task_restart(self, task: str, worker: str) -> None:
+        """A background loop (`task`, for `worker` or "" for none) failed and is being restarted."""
 
 
 class Drivers:
@@ -71,27 +80,44 @@ class Drivers:
         self._subscribers: dict[str, ZmqEventSubscriber | TrtllmEventPoller] = {}
 
     def start(self) -> None:
-        self._maintenance = asyncio.create_task(self._maintain(), name="router-maintenance")
+        self._maintenance = self._spawn("maintenance", "", self._maintain)
 
     def restart_worker(self, info: WorkerInfo) -> None:
         """(Re)start the tasks of one worker, e.g. after its description changed."""
         name = info.name
         self.stop_worker(name)
-        tasks = [asyncio.create_task(self._health_loop(name, info.url), name=f"health-{name}")]
+        tasks = [self._spawn("health", name, lambda: self._health_loop(name, info.url))]
         if self._config.scrape_interval_s > 0 and info.engine == "vllm":
-            tasks.append(asyncio.create_task(self._scrape_loop(name, info.url), name=f"scrape-{name}"))
+            tasks.append(self._spawn("scrape", name, lambda: self._scrape_loop(name, info.url)))
         sub = self._subscriber(info)
         if sub is not None:
             self._subscribers[name] = sub
-            tasks.append(asyncio.create_task(sub.run(), name=f"kv-events-{name}"))
+            tasks.append(self._spawn("kv-events", name, lambda: self._kv_events(info)))
         self._tasks[name] = tasks
+
+    def _spawn(self, task: str, worker: str, run: Callable[[], Awaitable[None]]) -> asyncio.Task[None]:
+        label = f"{task}-{worker}" if worker else f"router-{task}"
+        return asyncio.create_task(
+            supervise(label, run, backoff=_RESTART_BACKOFF,
+                      on_restart=lambda _: self._feed.record_task_restart(task, worker)), name=label)
+
+    async def _kv_events(self, info: WorkerInfo) -> None:
+        """Run the worker's subscriber; after a failure closed its socket, a fresh one is made."""
+        sub = self._subscribers.get(info.name)
+        if sub is None or sub.closed:
+            sub = self._subscriber(info)
+            if sub is None:
+                return
+            self._subscribers[info.name] = sub
+        await sub.run()
 
     def _subscriber(self, info: WorkerInfo) -> ZmqEventSubscriber | TrtllmEventPoller | None:
         cfg, feed, name = self._config, self._feed, info.name
         if info.kv_events_endpoint is not None:
             return ZmqEventSubscriber(
                 name, info.kv_events_endpoint, bind=info.kv_events_bind,
-                on_batch=lambda b: feed.apply_kv_batch(name, b), on_reset=lambda: feed.reset_kv_state(name),
+                on_batch=lambda b: feed.apply_kv_batch(name, b),
+                on_reset=lambda reason: feed.reset_kv_state(name, reason),
                 on_gap=lambda filled: feed.record_kv_gap(name, filled),
                 replay_endpoint=info.kv_events_replay_endpoint, topic=info.kv_events_topic,
                 replay_timeout_s=cfg.replay_timeout_s)
@@ -99,7 +125,8 @@ class Drivers:
             return TrtllmEventPoller(
                 name, info.url, self._client, interval_s=cfg.trtllm_poll_interval_s,
                 timeout_s=cfg.scrape_timeout_s, on_items=lambda items: self._trtllm_items(name, items),
-                on_reset=lambda: feed.reset_kv_state(name), on_gap=lambda filled: feed.record_kv_gap(name, filled))
+                on_reset=lambda reason: feed.reset_kv_state(name, reason),
+                on_gap=lambda filled: feed.record_kv_gap(name, filled))
         return None
 
     def _trtllm_items(self, name: str, items: list[TrtllmItem]) -> None:

@@ -14,6 +14,14 @@ payload]``; older releases sent ``[b"", seq, payload]``; both are accepted.
 TRT-LLM's ``trtllm-serve`` answers ``POST /kv_cache_events`` with the events
 queued since the last call (a destructive drain) as a JSON list; ids are
 consecutive, and there is no replay, so a gap means starting over.
+
+Whenever continuity is lost the worker's exact index entries are dropped
+(`on_reset(reason)`, one of `router.metrics.KV_RESET_REASONS`): a gap replay could not fill
+(``gap``), a sequence that went back (``restart``: the engine started over with
+an empty cache), a message that cannot be decoded (``malformed``: whatever it
+said is lost), or a failure while applying one (``error``). Routing for that
+worker then rests on speculative entries until new events arrive. Nothing a
+publisher sends ends a subscriber.
 """
 
 from __future__ import annotations
@@ -39,8 +47,9 @@ class SubscriberStats:
     gaps: int = 0
     replays: int = 0  # gaps fully filled by replay
     replay_failures: int = 0  # gaps we could not fill: exact entries were dropped
-    restarts: int = 0  # sequence went back to 0: the engine restarted
+    restarts: int = 0  # sequence went back: the engine restarted
     decode_errors: int = 0
+    errors: int = 0  # batches whose handling raised (a bug): the index was reset, the subscriber went on
     last_seq: int | None = None
 
 
@@ -48,14 +57,14 @@ class ZmqEventSubscriber:
     """Receives one worker's vLLM event batches in order.
 
     `on_batch(batch)` is called for every batch in sequence order (replayed
-    ones included); `on_reset()` when continuity is lost and the worker's exact
-    index entries can no longer be trusted; `on_gap(filled)` after each
+    ones included); `on_reset(reason)` when continuity is lost and the worker's
+    exact index entries can no longer be trusted; `on_gap(filled)` after each
     sequence gap, with whether replay filled it. All run on the event loop
     that runs :meth:`run` and must not block.
     """
 
     def __init__(self, worker: str, endpoint: str, *, bind: bool, on_batch: Callable[[EventBatch], None],
-                 on_reset: Callable[[], None], on_gap: Callable[[bool], None] | None = None,
+                 on_reset: Callable[[str], None], on_gap: Callable[[bool], None] | None = None,
                  replay_endpoint: str | None = None, topic: str = "",
                  replay_timeout_s: float = 2.0, ctx: zmq.asyncio.Context | None = None) -> None:
         self.worker = worker
@@ -76,14 +85,35 @@ class ZmqEventSubscriber:
         # With "tcp://127.0.0.1:*" the OS picked the port; tell the caller which.
         self.endpoint: str = self._sub.getsockopt_string(zmq.LAST_ENDPOINT) if bind else endpoint
 
+    @property
+    def closed(self) -> bool:
+        return bool(self._sub.closed)
+
     async def run(self) -> None:
-        """Receive until cancelled. Never raises for bad input; closes the socket on exit."""
+        """Receive until cancelled. Never raises for what a publisher sends; closes the socket on exit."""
         try:
             while True:
-                frames = await self._sub.recv_multipart()
-                await self._handle(frames)
+                frames = await self._recv()
+                try:
+                    await self._handle(frames)
+                except Exception:
+                    # Whatever the batch said is lost: the index cannot be trusted past it.
+                    self.stats.errors += 1
+                    log.exception("kv events from %s: applying a message failed; resetting its index", self.worker)
+                    self._on_reset("error")
         finally:
             self.close()
+
+    async def _recv(self) -> list[bytes]:
+        try:
+            return await self._sub.recv_multipart()
+        except asyncio.CancelledError:
+            # pyzmq cancels a pending receive when its socket is closed; unless this task
+            # itself is being cancelled, that is a failure to report, not a stop.
+            task = asyncio.current_task()
+            if self._sub.closed and task is not None and not task.cancelling():
+                raise ConnectionError(f"the kv-event socket of {self.worker} was closed") from None
+            raise
 
     def close(self) -> None:
         """Close the socket (idempotent); needed when `run` was cancelled before it started."""
@@ -93,24 +123,39 @@ class ZmqEventSubscriber:
     async def _handle(self, frames: list[bytes]) -> None:
         if len(frames) != 3 or len(frames[1]) != 8:
             self.stats.decode_errors += 1
+            log.warning("kv events from %s: a message of %d frame(s) is not [topic, seq, payload]; resetting "
+                        "its index", self.worker, len(frames))
+            self._on_reset("malformed")
             return
         seq = int.from_bytes(frames[1], "big", signed=True)
         last = self.stats.last_seq
+        if last is not None and seq == last and seq != 0:
+            return  # a duplicate
         if last is not None and seq <= last:
-            if seq != 0:
-                return  # duplicate, e.g. already applied by a replay
+            # Nothing resends an older batch: the engine restarted with an empty cache and
+            # its count started over. Its first batches may have been missed (a subscriber
+            # reconnecting after the restart); replay can bring them.
             self.stats.restarts += 1
-            self._on_reset()
+            log.warning("kv events from %s: sequence went back from %d to %d (engine restart); resetting its "
+                        "index", self.worker, last, seq)
+            self._on_reset("restart")
+            if seq > 0:
+                await self._fill_gap(0, seq)
         elif last is not None and seq > last + 1:
-            self.stats.gaps += 1
-            filled = await self._replay(last + 1, seq)
-            if filled:
-                self.stats.replays += 1
-            else:
-                self.stats.replay_failures += 1
-                self._on_reset()
-            self._on_gap(filled)
+            await self._fill_gap(last + 1, seq)
         self._deliver(seq, frames[2])
+
+    async def _fill_gap(self, start: int, stop: int) -> None:
+        self.stats.gaps += 1
+        filled = await self._replay(start, stop)
+        if filled:
+            self.stats.replays += 1
+        else:
+            self.stats.replay_failures += 1
+            log.warning("kv events from %s: batches %d..%d are lost; resetting its index", self.worker, start,
+                        stop - 1)
+            self._on_reset("gap")
+        self._on_gap(filled)
 
     def _deliver(self, seq: int, payload: bytes) -> None:
         self.stats.last_seq = seq
@@ -118,7 +163,8 @@ class ZmqEventSubscriber:
             batch = decode_vllm_batch(payload)
         except EventDecodeError as e:
             self.stats.decode_errors += 1
-            log.warning("kv events from %s: undecodable batch %d: %s", self.worker, seq, e)
+            log.warning("kv events from %s: undecodable batch %d (%s); resetting its index", self.worker, seq, e)
+            self._on_reset("malformed")
             return
         self.stats.batches += 1
         self._on_batch(batch)
@@ -170,13 +216,16 @@ class TrtllmEventPoller:
     """Drains one TRT-LLM worker's `/kv_cache_events` every `interval_s`.
 
     `on_items(items)` receives decoded (event_id, item) pairs in order;
-    `on_reset()` and `on_gap(False)` are called after an event-id gap
-    (TRT-LLM has no replay).
+    `on_reset("gap")` and `on_gap(False)` are called after an event-id gap
+    (TRT-LLM has no replay), `on_reset("restart")` when ids start over and
+    `on_reset("malformed")` when a drained body cannot be decoded.
     """
+
+    closed = False  # no socket: a restarted task reuses the poller
 
     def __init__(self, worker: str, base_url: str, client: httpx.AsyncClient, *, interval_s: float,
                  timeout_s: float, on_items: Callable[[list[TrtllmItem]], None],
-                 on_reset: Callable[[], None], on_gap: Callable[[bool], None] | None = None) -> None:
+                 on_reset: Callable[[str], None], on_gap: Callable[[bool], None] | None = None) -> None:
         self.worker = worker
         self.stats = SubscriberStats()
         self._url = base_url.rstrip("/") + "/kv_cache_events"
@@ -203,11 +252,11 @@ class TrtllmEventPoller:
         if last is not None and first > last + 1:
             self.stats.gaps += 1
             self.stats.replay_failures += 1
-            self._on_reset()
+            self._on_reset("gap")
             self._on_gap(False)
         elif last is not None and first <= last and first == 0:
             self.stats.restarts += 1
-            self._on_reset()
+            self._on_reset("restart")
         self.stats.last_seq = items[-1][0]
         self.stats.batches += 1
         self._on_items(items)
@@ -218,7 +267,11 @@ class TrtllmEventPoller:
         while True:
             try:
                 await self.poll_once()
-            except (httpx.HTTPError, EventDecodeError, ValueError) as e:
-                self.stats.decode_errors += 1
+            except httpx.HTTPError as e:  # the worker is down or busy: nothing was drained
                 log.debug("kv events from %s: %s", self.worker, e)
+            except (EventDecodeError, ValueError) as e:
+                # The drain happened but its events are unreadable: they are lost.
+                self.stats.decode_errors += 1
+                log.warning("kv events from %s: undecodable drain (%s); resetting its index", self.worker, e)
+                self._on_reset("malformed")
             await asyncio.sleep(self._interval_s)

@@ -1,7 +1,9 @@
 """Router metrics, registered on the registry the gateway owns.
 
-All names start with ``sluice_router_``. Per-worker series are labelled with
-the worker's stable name and removed when the worker is removed.
+All names start with ``sluice_router_``, except
+``sluice_background_task_restarts_total``, which the gateway's own tasks share.
+Per-worker series are labelled with the worker's stable name and removed when
+the worker is removed.
 """
 
 from __future__ import annotations
@@ -10,6 +12,9 @@ from collections import deque
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+# Label values of the per-worker series with a second label, so that a removed worker's are found.
+KV_RESET_REASONS = ("gap", "restart", "malformed", "error")
+WORKER_TASKS = ("health", "scrape", "kv-events")
 _TOKEN_BUCKETS = (0, 16, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
 
 
@@ -49,6 +54,13 @@ class RouterMetrics:
         self.kv_lag = Gauge("sluice_router_kv_event_lag_seconds",
                             "Receive time minus engine publish time of the last KV event batch",
                             ["worker"], registry=r)
+        self.kv_resets = Counter("sluice_router_kv_index_resets",
+                                 "Times a worker's exact index entries were dropped because KV-event "
+                                 "continuity was lost (gap, restart, malformed, error)", ["worker", "reason"],
+                                 registry=r)
+        self.task_restarts = Counter("sluice_background_task_restarts",
+                                     "Background tasks restarted after they failed (task; worker, if any)",
+                                     ["task", "worker"], registry=r)
         self.redis_up = Gauge("sluice_router_redis_connected", "1 while shared state in Redis is reachable",
                               registry=r)
         self._window: deque[bool] = deque(maxlen=accuracy_window)
@@ -69,5 +81,12 @@ class RouterMetrics:
                   self.kv_gaps, self.kv_replays, self.kv_lag):
             try:
                 g.remove(worker)
+            except KeyError:
+                pass
+        pairs = [(self.kv_resets, (worker, reason)) for reason in KV_RESET_REASONS]
+        pairs += [(self.task_restarts, (task, worker)) for task in WORKER_TASKS]
+        for c, labels in pairs:
+            try:
+                c.remove(*labels)
             except KeyError:
                 pass

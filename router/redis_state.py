@@ -49,8 +49,6 @@ _STORE, _REMOVE, _CLEAR = "s", "r", "c"
 _Op = tuple[str, str, list[int], Any]
 
 
-
-
 class RedisSharedState:
     """A :class:`router.shared.SharedState` backed by Redis."""
 
@@ -121,6 +119,7 @@ class RedisSharedState:
                 # A reply we cannot parse (a proxy, a wrong server) must not end sharing
                 # for good: drop the connection and start over like any other failure.
                 log.exception("shared routing state: unexpected error; reconnecting")
+                sink.record_task_restart("redis-sync")
                 with contextlib.suppress(Exception):
                     await self._redis.connection_pool.disconnect()
             self.connected = False

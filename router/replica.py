@@ -50,3 +50,6 @@ class ReplicaSync:
 
     def event_workers(self) -> set[str]:
         return self._state.event_fed & set(self._state.workers)
+
+    def record_task_restart(self, task: str) -> None:
+        self._state.record_task_restart(task, "")

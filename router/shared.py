@@ -40,6 +40,9 @@ class ReplicaSink(Protocol):
     def event_workers(self) -> set[str]:
         """Workers whose KV events this replica has applied itself (it may vouch for their exact entries)."""
 
+    def record_task_restart(self, task: str) -> None:
+        """The backend's sync loop failed unexpectedly (not an outage) and is starting over."""
+
 
 class SharedState(Protocol):
     """A backend (Redis) that spreads index and load changes between replicas."""

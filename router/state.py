@@ -115,11 +115,12 @@ class RouterState:
             if shared is not None:
                 shared.publish_clear(name, False)
 
-    def reset_kv_state(self, worker: str) -> None:
+    def reset_kv_state(self, worker: str, reason: str) -> None:
         w = self.workers.get(worker)
         if w is None:
             return
         w.applier.reset()  # speculative entries stay: after a gap they are still the best guess
+        self.metrics.kv_resets.labels(worker, reason).inc()
         if self.shared is not None:
             self.shared.publish_clear(worker, True)
 
@@ -145,6 +146,9 @@ class RouterState:
             w.block_size = metrics.block_size
         if not w.info.has_events and w.info.capacity_blocks is None and metrics.num_gpu_blocks:
             self.index.set_capacity(worker, metrics.num_gpu_blocks)
+
+    def record_task_restart(self, task: str, worker: str) -> None:
+        self.metrics.task_restarts.labels(task, worker).inc()
 
     def maintain(self) -> None:
         now = self.clock()

@@ -40,8 +40,12 @@ class RemoteEngineConfig:
     dialect: Dialect = "vllm"  # which engine extras the worker accepts
     served_model: str | None = None  # model name on the worker, if it differs from the gateway's id
     connect_timeout_s: float = 5.0
-    # Between two chunks; a long prefill on a busy CPU worker can take minutes.
+    # Until the first chunk (and between the reads of any one chunk): a long prefill on a
+    # busy CPU worker can take minutes.
     read_timeout_s: float = 600.0
+    # Between two chunks once the first has come: decode steps are short, so a worker silent
+    # this long is stopped or wedged (a killed one closes the connection and fails at once).
+    stall_timeout_s: float = 60.0
     max_connections: int = 512
     api_key: str | None = None  # bearer token the worker expects, if any
 
@@ -50,7 +54,7 @@ class RemoteEngineConfig:
             raise ValueError(f"worker URL must start with http:// or https://, got {self.base_url!r}")
         if self.dialect not in DIALECTS:
             raise ValueError(f"dialect must be one of {DIALECTS}, got {self.dialect!r}")
-        if self.connect_timeout_s <= 0 or self.read_timeout_s <= 0:
+        if self.connect_timeout_s <= 0 or self.read_timeout_s <= 0 or self.stall_timeout_s <= 0:
             raise ValueError("timeouts must be > 0 seconds")
         if self.max_connections < 1:
             raise ValueError(f"max_connections must be >= 1, got {self.max_connections}")
@@ -183,7 +187,7 @@ class RemoteEngine:
                 if response.status_code != 200:
                     queue.put_nowait(normalize_error(response.status_code, await response.aread()))
                     return
-                async for data in _sse_data(response):
+                async for data in _sse_data(response, self.config.stall_timeout_s):
                     if data == "[DONE]" or stop.is_set():
                         break
                     for delta in assembler.feed(json.loads(data)):
@@ -191,6 +195,11 @@ class RemoteEngine:
             queue.put_nowait(None if stop.is_set() else _END)  # None: aborted on request
         except asyncio.CancelledError:
             raise
+        except TimeoutError:
+            log.warning("worker %s request %s: no chunk for %.0f s; giving up on it", self.name, request_id,
+                        self.config.stall_timeout_s)
+            queue.put_nowait(EngineError(f"worker {self.name} stopped sending for {self.config.stall_timeout_s:.0f} s",
+                                         ErrorKind.UNAVAILABLE, retryable=True))
         except (httpx.HTTPError, ValueError) as exc:
             # Before the first byte this is retryable on another worker; after it,
             # _drain turns it into a final error Delta.
@@ -226,10 +235,24 @@ async def _next_item(queue: asyncio.Queue[Any], reader: asyncio.Task[None]) -> A
             return getter.result()
 
 
-async def _sse_data(response: httpx.Response) -> AsyncIterator[str]:
-    """The payloads of ``data:`` lines; comments (``: ping``) and other fields are skipped."""
-    async for line in response.aiter_lines():
+async def _sse_data(response: httpx.Response, stall_timeout_s: float) -> AsyncIterator[str]:
+    """The payloads of ``data:`` lines; comments (``: ping``) and other fields are skipped.
+
+    After the first payload each line must come within `stall_timeout_s`, else TimeoutError;
+    before it, only the client's read timeout applies (prefill may be long)."""
+    lines = aiter(response.aiter_lines())
+    started = False
+    while True:
+        try:
+            if started:
+                async with asyncio.timeout(stall_timeout_s):
+                    line = await anext(lines)
+            else:
+                line = await anext(lines)
+        except StopAsyncIteration:
+            return
         if line.startswith("data:"):
+            started = True
             yield line[5:].strip()
 
 

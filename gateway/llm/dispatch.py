@@ -5,11 +5,14 @@ ranked targets of each, and its admission ticket. It alone owns every target's
 lifecycle: an attempt is opened (the router's `on_dispatch`) when its target is
 chosen and closed (`on_finish`) exactly once, whether it streamed to the end,
 failed over, or the client left before it ran. `close()` is idempotent and every
-protocol edge calls it when its response ends.
+protocol edge calls it when its response ends. `interrupt(error)` ends a dispatch
+from outside (a drain that reached its deadline): its consumer raises `error` at its
+next step, which a stream turns into an error event.
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncGenerator, Callable
 from contextlib import aclosing
@@ -36,7 +39,7 @@ class _Choice:
     completion_tokens: int = 0
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, weakref_slot=True, eq=False)  # identity: kept in a WeakSet
 class Dispatch:
     metrics: LLMMetrics
     model: LLMModel
@@ -47,6 +50,12 @@ class Dispatch:
     # Called once by close() with the completion tokens of all choices (per-key token quotas).
     on_close: Callable[[int], None] | None = None
     _closed: bool = False
+    _interrupted: SluiceError | None = None
+    _wake: asyncio.Event = field(default_factory=asyncio.Event)  # set by interrupt()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
 
     @property
     def requests(self) -> list[EngineRequest]:
@@ -85,14 +94,38 @@ class Dispatch:
         the error is retryable; after that, errors arrive as a final Delta(finish_reason="error")."""
         try:
             t0 = time.monotonic()
-            await self.ticket.wait()
+            await self._admitted()
             gauge_admission(self.metrics, self.model)
             self.metrics.queue_time.labels(self.model.name).observe(time.monotonic() - t0)
             async with aclosing(merge([self._run(c) for c in self.choices])) as merged:
                 async for item in merged:
+                    if self._interrupted is not None:
+                        raise self._interrupted  # instead of what the aborted engines sent last
                     yield item
         finally:
             self.close()
+
+    async def _admitted(self) -> None:
+        """Wait for the admission ticket, unless interrupted first."""
+        if not self.ticket.admitted:
+            waits = [asyncio.ensure_future(self.ticket.wait()), asyncio.ensure_future(self._wake.wait())]
+            try:
+                await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for w in waits:
+                    w.cancel()
+        if self._interrupted is not None:
+            raise self._interrupted
+
+    async def interrupt(self, error: SluiceError) -> None:
+        """End this dispatch with `error`: the engine requests are aborted, and the consumer
+        raises `error` instead of the deltas that follow. No-op once closed."""
+        if self._closed or self._interrupted is not None:
+            return
+        self._interrupted = error
+        self._wake.set()
+        aborts = [c.targets[c.current].engine.abort(c.request.request_id) for c in self.choices if c.open]
+        await asyncio.gather(*aborts, return_exceptions=True)
 
     def close(self) -> None:
         """Finish every attempt still open (the client left before it ran) and free the ticket."""

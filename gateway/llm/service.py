@@ -7,6 +7,8 @@ protocol and raises only domain errors (`engines.errors.SluiceError`).
 
 from __future__ import annotations
 
+import asyncio
+import weakref
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Literal
@@ -54,6 +56,7 @@ class LLMService:
         self.registry = ModelRegistry(admission or AdmissionConfig())
         self.max_fanout = max_fanout  # engine requests one API request may create
         self.tokens = tokens
+        self._live: weakref.WeakSet[Dispatch] = weakref.WeakSet()  # for interrupt_all; closed ones are skipped
 
     def get(self, name: str) -> LLMModel:
         return self.registry.get(name)
@@ -82,7 +85,14 @@ class LLMService:
             raise
         if key_id is not None and meter is not None:
             d.on_close = partial(meter.commit_tokens, key_id, prompt_tokens)
+        self._live.add(d)
         return d
+
+    async def interrupt_all(self, error: SluiceError) -> int:
+        """End every dispatch still running with `error` (a drain's deadline); returns how many."""
+        live = [d for d in list(self._live) if not d.closed]
+        await asyncio.gather(*(d.interrupt(error) for d in live))
+        return len(live)
 
     def check_fanout(self, prompts: int, n: int) -> None:
         """One API request becomes prompts × n engine requests; each is a slot in the engine."""

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from engines.base import EngineRequest, LLMEngine
+from engines.errors import ErrorKind, SluiceError
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,6 +54,11 @@ class LocalBackend:
         self.engine = engine
 
     def rank(self, request: EngineRequest, hints: RouteHints) -> list[Target]:
+        # While the engine's supervisor restarts it, refuse here, before any response
+        # starts, so a streaming client gets a 503 with Retry-After too.
+        if not self.engine.ready():
+            raise SluiceError(f"the engine for model `{request.model}` is restarting; retry shortly",
+                              ErrorKind.UNAVAILABLE, code="engine_restarting", retryable=True, retry_after_s=2.0)
         return [self._target]
 
     def engines(self) -> Sequence[tuple[str, LLMEngine]]:

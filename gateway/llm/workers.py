@@ -91,10 +91,12 @@ class RoutedBackend:
 class WorkerPool:
     """Owns the RemoteEngines and keeps the router and the LLM service in step."""
 
-    def __init__(self, registry: ModelRegistry, router: Router, repository: Path | None) -> None:
+    def __init__(self, registry: ModelRegistry, router: Router, repository: Path | None, *,
+                 stall_timeout_s: float = 60.0) -> None:
         self.registry = registry
         self.router = router
         self.repository = repository
+        self.stall_timeout_s = stall_timeout_s
         self.engines: dict[str, RemoteEngine] = {}
         self.records: dict[str, WorkerRecord] = {}
         self._lock = asyncio.Lock()
@@ -123,7 +125,8 @@ class WorkerPool:
                 else None
             old = self.engines.pop(record.name, None)
             engine = RemoteEngine(RemoteEngineConfig(record.url, name=record.name, served_model=served,
-                                                     dialect=_DIALECTS[record.engine]))  # type: ignore[arg-type]
+                                                     dialect=_DIALECTS[record.engine],  # type: ignore[arg-type]
+                                                     stall_timeout_s=self.stall_timeout_s))
             await engine.start()
             self.engines[record.name] = engine
             self.records[record.name] = record

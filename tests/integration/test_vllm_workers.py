@@ -28,7 +28,7 @@ async def subscribed(workers: list[Worker]) -> AsyncIterator[list[Worker]]:
     tasks = []
     for w in workers:
         sub = ZmqEventSubscriber(w.url, f"tcp://127.0.0.1:{w.kv_port}", bind=False, on_batch=w.batches.append,
-                                 on_reset=lambda: None, replay_endpoint=f"tcp://127.0.0.1:{w.kv_port + 1}")
+                                 on_reset=lambda reason: None, replay_endpoint=f"tcp://127.0.0.1:{w.kv_port + 1}")
         tasks.append(asyncio.create_task(sub.run()))
     yield workers
     for task in tasks:

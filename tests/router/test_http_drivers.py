@@ -55,7 +55,7 @@ async def test_trtllm_poller_applies_events_and_resets_on_gap():
         p = TrtllmEventPoller("t", "http://127.0.0.1:1", client, interval_s=1, timeout_s=1,
                               on_items=lambda items: r.feed.apply_kv_events(
                                   "t", [e for _, e in items if e is not None and not isinstance(e, int)]),
-                              on_reset=lambda: r.feed.reset_kv_state("t"), on_gap=gaps.append)
+                              on_reset=lambda reason: r.feed.reset_kv_state("t", reason), on_gap=gaps.append)
         srv.queue = [{"event_id": 0, "data": {"type": "created", "num_blocks_per_cache_level": [64, 0]}},
                      stored(1, [501, 502], None, TOKENS)]
         assert await p.poll_once() == 2
@@ -77,7 +77,7 @@ async def test_trtllm_poller_falls_back_to_get():
 
     async with httpx.AsyncClient(transport=httpx.MockTransport(get_only)) as client:
         p = TrtllmEventPoller("t", "http://127.0.0.1:1", client, interval_s=1, timeout_s=1,
-                              on_items=lambda items: None, on_reset=lambda: None)
+                              on_items=lambda items: None, on_reset=lambda reason: None)
         assert await p.poll_once() == 0
 
 

@@ -1,15 +1,8 @@
 """Real ZMQ sockets on loopback: a STAND-IN for vLLM's publisher feeding the subscriber.
 
-A stand-in because these tests must lose chosen messages, empty the replay
-buffer and restart the sequence on demand, which a real vLLM cannot be told to
+The stand-in (tests/standins/vllm_kv_publisher.py) can lose chosen messages, empty its
+replay buffer and restart the sequence on demand, which a real vLLM cannot be told to
 do; tests/integration/test_vllm_kv_replay.py checks replay against a real one.
-The stand-in speaks vLLM's ZmqEventPublisher wire protocol: multipart
-[topic, seq (8 bytes big-endian), msgpack EventBatch] on PUB, and a ROUTER
-replay socket answering [b"", start_seq] with one reply per batch and then an
-end marker with seq -1: [b"", topic, seq, payload] as vLLM 0.32 sends them, or
-[b"", seq, payload] as older releases did. It is an XPUB so the test can wait
-for the subscription instead of sleeping (PUB drops messages sent before a
-subscriber joined).
 """
 
 from __future__ import annotations
@@ -26,58 +19,10 @@ from router.hashing import block_hashes, root_hash
 from router.kv_events import ZmqEventSubscriber
 from tests.router import eventgen as g
 from tests.servers import free_port
+from tests.standins.vllm_kv_publisher import VllmPublisherStandIn
 
 BS = 4
 TOKENS = list(range(1, 17))  # 4 blocks
-
-
-class VllmPublisherStandIn:
-    def __init__(self, ctx: zmq.asyncio.Context, endpoint: str, *, bind: bool, topic: bytes = b"kv",
-                 replay_with_topic: bool = True) -> None:
-        self.pub = ctx.socket(zmq.XPUB)
-        self.pub.setsockopt(zmq.LINGER, 0)
-        if bind:
-            self.pub.bind(endpoint)
-            self.endpoint = self.pub.getsockopt_string(zmq.LAST_ENDPOINT)
-        else:
-            self.pub.connect(endpoint)
-            self.endpoint = endpoint
-        self.replay = ctx.socket(zmq.ROUTER)
-        self.replay.setsockopt(zmq.LINGER, 0)
-        self.replay.bind("tcp://127.0.0.1:*")
-        self.replay_endpoint = self.replay.getsockopt_string(zmq.LAST_ENDPOINT)
-        self.topic = topic
-        self._reply_head = [b"", topic] if replay_with_topic else [b""]
-        self.buffer: list[tuple[int, bytes]] = []
-        self.replay_requests: list[int] = []
-        self._task = asyncio.create_task(self._serve_replay())
-
-    async def wait_subscribed(self) -> None:
-        msg = await asyncio.wait_for(self.pub.recv(), 10)
-        assert msg[0] == 1  # XPUB subscription message
-
-    async def publish(self, seq: int, payload: bytes, *, drop: bool = False) -> None:
-        """Record `seq` for replay; `drop` simulates a message lost on the wire."""
-        self.buffer.append((seq, payload))
-        if not drop:
-            await self.pub.send_multipart([self.topic, seq.to_bytes(8, "big"), payload])
-
-    async def _serve_replay(self) -> None:
-        while True:
-            client, _, start = await self.replay.recv_multipart()
-            start_seq = int.from_bytes(start, "big")
-            self.replay_requests.append(start_seq)
-            for seq, payload in self.buffer:
-                if seq >= start_seq:
-                    await self.replay.send_multipart([client, *self._reply_head, seq.to_bytes(8, "big"), payload])
-            end = (-1).to_bytes(8, "big", signed=True)
-            await self.replay.send_multipart([client, *[b""] * len(self._reply_head), end, b""])
-
-    async def close(self) -> None:
-        self._task.cancel()
-        await asyncio.gather(self._task, return_exceptions=True)
-        self.pub.close(0)
-        self.replay.close(0)
 
 
 async def until(cond, what: str) -> None:
@@ -110,11 +55,11 @@ async def test_batches_in_both_encodings_reach_the_index(publisher_binds):
         pub = VllmPublisherStandIn(ctx, "tcp://127.0.0.1:*", bind=True)
         sub = ZmqEventSubscriber("w", pub.endpoint, bind=False, topic="kv", ctx=ctx,
                                  on_batch=lambda b: r.feed.apply_kv_batch("w", b),
-                                 on_reset=lambda: r.feed.reset_kv_state("w"))
+                                 on_reset=lambda reason: r.feed.reset_kv_state("w", reason))
     else:  # vLLM with a concrete host connects, so the subscriber binds
         sub = ZmqEventSubscriber("w", "tcp://127.0.0.1:*", bind=True, topic="kv", ctx=ctx,
                                  on_batch=lambda b: r.feed.apply_kv_batch("w", b),
-                                 on_reset=lambda: r.feed.reset_kv_state("w"))
+                                 on_reset=lambda reason: r.feed.reset_kv_state("w", reason))
         pub = VllmPublisherStandIn(ctx, sub.endpoint, bind=False)
     task = asyncio.create_task(sub.run())
     try:
@@ -144,7 +89,7 @@ async def test_gap_is_filled_by_replay_and_unfillable_gap_resets(replay_with_top
     sub = ZmqEventSubscriber("w", pub.endpoint, bind=False, topic="kv", ctx=ctx,
                              replay_endpoint=pub.replay_endpoint, on_gap=gaps.append,
                              on_batch=lambda b: r.feed.apply_kv_batch("w", b),
-                             on_reset=lambda: r.feed.reset_kv_state("w"))
+                             on_reset=lambda reason: r.feed.reset_kv_state("w", reason))
     task = asyncio.create_task(sub.run())
     try:
         await pub.wait_subscribed()
@@ -194,3 +139,47 @@ async def test_router_start_subscribes_from_worker_info():
     finally:
         await r.stop()
         await pub.close()
+
+
+async def test_malformed_messages_and_a_restart_seen_late_reset_the_index_then_it_recovers():
+    ctx = zmq.asyncio.Context()
+    reg = CollectorRegistry()
+    r = Router(RouterConfig(speculative_ttl_s=1), registry=reg)
+    r.add_worker(WorkerInfo("w", "http://127.0.0.1:1", ("m",), block_size=BS))
+    pub = VllmPublisherStandIn(ctx, "tcp://127.0.0.1:*", bind=True)
+    sub = ZmqEventSubscriber("w", pub.endpoint, bind=False, topic="kv", ctx=ctx, replay_endpoint=pub.replay_endpoint,
+                             on_batch=lambda b: r.feed.apply_kv_batch("w", b),
+                             on_reset=lambda reason: r.feed.reset_kv_state("w", reason))
+    task = asyncio.create_task(sub.run())
+
+    def resets(reason: str) -> float:
+        return reg.get_sample_value("sluice_router_kv_index_resets_total", {"worker": "w", "reason": reason}) or 0
+
+    try:
+        await pub.wait_subscribed()
+        for seq in range(4):
+            await pub.publish(seq, g.batch([g.stored([seq + 1], seq or None, TOKENS[seq * 4:seq * 4 + 4], BS)]))
+        await until(lambda: cached(r) == 16, "warm")
+        await pub.publish(4, b"\xc1 not msgpack")  # undecodable payload
+        await until(lambda: resets("malformed") == 1, "malformed payload")
+        assert cached(r) == 0
+        await pub.publish(5, g.batch([g.stored([11], None, TOKENS[:4], BS)]))
+        await until(lambda: cached(r) == 4, "recovered")
+        await pub.send_raw([b"kv", b"short"])  # not [topic, 8-byte seq, payload]
+        await until(lambda: resets("malformed") == 2, "malformed framing")
+        assert cached(r) == 0 and not task.done()
+
+        # The engine restarts; its batches 0 and 1 are missed, 2 arrives first (seq went back).
+        pub.buffer.clear()
+        await pub.publish(0, g.batch([g.stored([21], None, TOKENS[:4], BS)]), drop=True)
+        await pub.publish(1, g.batch([g.stored([22], 21, TOKENS[4:8], BS)]), drop=True)
+        await pub.publish(2, g.batch([g.stored([23], 22, TOKENS[8:12], BS)]))
+        await until(lambda: sub.stats.last_seq == 2, "restart seen")
+        assert resets("restart") == 1 and sub.stats.restarts == 1
+        assert pub.replay_requests[-1] == 0  # the new life's first batches were asked for again
+        assert cached(r) == 12  # and chained: the index knows the restarted engine's blocks
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await pub.close()
+        ctx.term()

@@ -164,7 +164,7 @@ def test_events_make_entries_exact_and_removals_apply():
     r.feed.apply_kv_batch("w1", decode_vllm_batch(g.batch([g.removed([b"h2"])])))
     assert r.rank("m", [*SYSTEM, 1]).candidate("w1").predicted_cached_tokens == 4
     assert sample(reg, "sluice_router_kv_events_total", {"worker": "w1"}) == 2
-    r.feed.reset_kv_state("w1")
+    r.feed.reset_kv_state("w1", "gap")
     assert r.rank("m", [*SYSTEM, 1]).candidate("w1").predicted_cached_tokens == 0
 
 

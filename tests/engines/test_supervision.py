@@ -1,0 +1,123 @@
+"""The supervision policy on plain objects: backoff bounds, restarts of a failing loop, and the
+engine supervisor's sequence (fail in-flight once, restart until it works, count it).
+
+Time is not waited for: `sleep` is injected and records the delays asked for. The engine
+here is a STAND-IN (a flag for "alive" and a scripted restart); the real transformers
+engine is supervised in tests/gateway/test_engine_restart.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from engines.engine_supervisor import EngineSupervisor
+from engines.supervision import Backoff, supervise
+
+
+class Sleeps:
+    """Records requested delays; each one yields to the loop once instead of waiting."""
+
+    def __init__(self) -> None:
+        self.delays: list[float] = []
+
+    async def __call__(self, delay_s: float) -> None:
+        self.delays.append(delay_s)
+        await asyncio.sleep(0)
+
+
+def test_backoff_doubles_up_to_its_bound() -> None:
+    b = Backoff(initial_s=0.5, max_s=4.0)
+    assert [b.delay_s(n) for n in range(1, 7)] == [0.5, 1.0, 2.0, 4.0, 4.0, 4.0]
+    assert b.delay_s(10_000) == 4.0
+    with pytest.raises(ValueError, match="initial_s"):
+        Backoff(initial_s=2.0, max_s=1.0)
+
+
+async def test_a_failing_loop_is_logged_counted_and_restarted_with_growing_delays(caplog) -> None:
+    runs: list[int] = []
+    restarted: list[str] = []
+    sleeps = Sleeps()
+    forever = asyncio.Event()
+
+    async def loop() -> None:
+        runs.append(len(runs))
+        if len(runs) <= 2:
+            raise RuntimeError(f"boom {len(runs)}")
+        if len(runs) == 3:
+            return  # a loop that ends on its own is a failure too
+        await forever.wait()
+
+    task = asyncio.create_task(supervise("health-w0", loop, backoff=Backoff(initial_s=1.0, max_s=3.0),
+                                         on_restart=restarted.append, sleep=sleeps))
+    for _ in range(100):
+        if len(runs) == 4:
+            break
+        await asyncio.sleep(0)
+    assert len(runs) == 4
+    assert restarted == ["health-w0"] * 3
+    assert sleeps.delays == [1.0, 2.0, 3.0]
+    assert "boom 1" in caplog.text and "health-w0 returned" in caplog.text
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+
+
+class EngineStandIn:
+    """A STAND-IN engine: `alive` is its generation loop; restarts fail `fail_restarts` times."""
+
+    def __init__(self, fail_restarts: int) -> None:
+        self.alive = True
+        self.fail_restarts = fail_restarts
+        self.in_flight = 3
+        self.failed_with: list[str] = []
+        self.restart_calls = 0
+
+    def loop_alive(self) -> bool:
+        return self.alive
+
+    def fail_in_flight(self, reason: str) -> int:
+        self.failed_with.append(reason)
+        n, self.in_flight = self.in_flight, 0
+        return n
+
+    async def restart(self) -> None:
+        self.restart_calls += 1
+        if self.restart_calls <= self.fail_restarts:
+            raise RuntimeError("warm-up failed")
+        self.alive = True
+
+
+async def _until(cond, what: str) -> None:
+    for _ in range(2000):  # bounded: only loop turns, no real waiting
+        if cond():
+            return
+        await asyncio.sleep(0)
+    raise AssertionError(f"never happened: {what}")
+
+
+async def test_engine_supervisor_fails_in_flight_once_and_retries_the_restart_with_backoff() -> None:
+    engine = EngineStandIn(fail_restarts=2)
+    sleeps = Sleeps()
+    sup = EngineSupervisor("m", engine, backoff=Backoff(initial_s=0.5, max_s=30.0), poll_s=0.01, sleep=sleeps)
+    sup.start()
+    try:
+        await _until(lambda: len(sleeps.delays) >= 3, "watching")
+        assert sup.restarts == 0 and not sup.down
+        sleeps.delays.clear()
+        engine.alive = False
+        await _until(lambda: sup.restarts == 1, "restarted")
+        assert len(engine.failed_with) == 1 and "restarting" in engine.failed_with[0]
+        assert engine.restart_calls == 3
+        # Watch polls (0.01) are interleaved; the restart delays double per failed attempt.
+        assert [d for d in sleeps.delays if d != 0.01] == [0.5, 1.0, 2.0]
+        assert not sup.down
+        # A crash soon after the restart continues the count: the next delay is longer still.
+        sleeps.delays.clear()
+        engine.alive = False
+        await _until(lambda: sup.restarts == 2, "restarted again")
+        assert [d for d in sleeps.delays if d != 0.01] == [4.0]
+        assert len(engine.failed_with) == 2
+    finally:
+        await sup.stop()

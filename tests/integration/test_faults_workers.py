@@ -1,0 +1,196 @@
+"""Worker faults under load, on real vLLM workers of this module's own (it stops and kills them).
+
+- A worker stopped with SIGSTOP mid-stream keeps its TCP connection open and sends
+  nothing: its stream ends with an error event once the gateway's stall bound
+  (`--worker-stall-timeout-s`, 3 s here) passes, not after the 600 s read timeout.
+- A worker killed with SIGKILL mid-stream closes its connections: its stream ends with
+  an error event within 2 s, the other worker's stream finishes normally, requests
+  routed to the dead worker before anyone noticed are retried on the live one before
+  their first byte (`sluice_request_retries_total`), and once health checks mark it
+  down new requests go to the live one directly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import httpx
+import psutil
+import pytest
+
+from tests.integration.conftest import MODEL, Worker, gateway_over, vllm_workers
+from tests.servers import Server, metric_value
+
+pytestmark = [pytest.mark.integration, pytest.mark.vllm, pytest.mark.slow]
+
+STALL_S = 3.0
+ROUND_ROBIN = {"X-Routing-Policy": "round_robin"}
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Server, list[Worker]]]:
+    with vllm_workers(2, "fault") as workers:
+        gateway = gateway_over(workers, tmp_path_factory.mktemp("faults"), "--worker-stall-timeout-s", str(STALL_S))
+        try:
+            yield gateway, workers
+        finally:
+            gateway.stop()
+
+
+def _engine_server(worker: Worker) -> psutil.Process:
+    """The vLLM server the launcher started (the leader of its own process group)."""
+    children = psutil.Process(worker.proc.pid).children()
+    assert children, "the launcher has no vLLM child"
+    return children[0]
+
+
+def _engine_group(worker: Worker) -> int:
+    return os.getpgid(_engine_server(worker).pid)
+
+
+def _when_dead(proc: psutil.Process, out: dict[str, float]) -> None:
+    """Record in `out["t"]` when `proc` has exited (its sockets are closed by then); polls."""
+    def watch() -> None:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                if proc.status() in (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD):
+                    break
+            except psutil.NoSuchProcess:
+                break
+            time.sleep(0.005)
+        out["t"] = time.monotonic()
+
+    threading.Thread(target=watch, daemon=True).start()
+
+
+@dataclass
+class Stream:
+    """One streaming completion read to its end; `first` is set on the first text."""
+
+    worker: str = ""
+    payloads: list[str] = field(default_factory=list)
+    ended_at: float = 0.0
+    first: asyncio.Event = field(default_factory=asyncio.Event)
+
+    @property
+    def error(self) -> dict | None:
+        last = json.loads(self.payloads[-2]) if len(self.payloads) >= 2 else {}
+        return last.get("error")
+
+    @property
+    def finish_reason(self) -> str | None:
+        for p in reversed(self.payloads[:-1]):
+            choices = json.loads(p).get("choices") or []
+            if choices and choices[0].get("finish_reason"):
+                return str(choices[0]["finish_reason"])
+        return None
+
+
+async def _read(http: httpx.AsyncClient, prompt: str, max_tokens: int, s: Stream) -> None:
+    body = {"model": MODEL, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True,
+            "stream": True}
+    async with http.stream("POST", "/v1/completions", json=body, headers=ROUND_ROBIN) as r:
+        assert r.status_code == 200, await r.aread()
+        s.worker = r.headers["x-sluice-worker"]
+        async for line in r.aiter_lines():
+            if line.startswith("data: "):
+                s.payloads.append(line[6:])
+                if '"text":"' in line and not s.first.is_set():
+                    s.first.set()
+    s.ended_at = time.monotonic()
+
+
+async def _two_streams(http: httpx.AsyncClient, tag: str, long_tokens: int, short_tokens: int
+                       ) -> tuple[list[Stream], list[asyncio.Task[None]]]:
+    streams = [Stream(), Stream()]
+    tasks = [asyncio.create_task(_read(http, f"{tag} long story", long_tokens, streams[0])),
+             asyncio.create_task(_read(http, f"{tag} short story", short_tokens, streams[1]))]
+    await asyncio.wait_for(asyncio.gather(*(s.first.wait() for s in streams)), 120)
+    assert streams[0].worker != streams[1].worker, "round robin put both streams on one worker"
+    return streams, tasks
+
+
+def _metric(gateway: Server, name: str, labels: dict[str, str]) -> float:
+    return metric_value(httpx.get(gateway.url + "/metrics", timeout=10).text, name, labels) or 0.0
+
+
+async def _until_healthy(gateway: Server, worker: str, healthy: bool, timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if _metric(gateway, "sluice_router_worker_healthy", {"worker": worker}) == (1 if healthy else 0):
+            return
+        await asyncio.sleep(0.25)
+    raise AssertionError(f"worker {worker} never became {'healthy' if healthy else 'unhealthy'}")
+
+
+async def test_a_stopped_worker_mid_stream_is_given_up_after_the_stall_bound(pair) -> None:
+    gateway, workers = pair
+    by_name = {w.name: w for w in workers}
+    async with httpx.AsyncClient(base_url=gateway.url, timeout=120) as http:
+        streams, tasks = await _two_streams(http, "stall", 1500, 200)
+        victim = by_name[streams[0].worker]
+        group = _engine_group(victim)
+        os.killpg(group, signal.SIGSTOP)
+        stopped_at = time.monotonic()
+        try:
+            await asyncio.wait_for(tasks[0], STALL_S + 60)
+        finally:
+            os.killpg(group, signal.SIGCONT)
+        took = streams[0].ended_at - stopped_at
+        print(f"\nFAULT-TIMING SIGSTOP: stream ended {took:.2f} s after the stop (stall bound {STALL_S} s)")
+        assert streams[0].error is not None and streams[0].payloads[-1] == "[DONE]", streams[0].payloads[-3:]
+        assert "stopped sending" in streams[0].error["message"]
+        await asyncio.wait_for(tasks[1], 120)
+        assert streams[1].error is None and streams[1].finish_reason == "length"
+    await _until_healthy(gateway, victim.name, True)
+
+
+async def test_a_killed_worker_mid_stream_ends_its_stream_at_once_and_traffic_moves(pair) -> None:
+    gateway, workers = pair
+    by_name = {w.name: w for w in workers}
+    for w in workers:
+        await _until_healthy(gateway, w.name, True)
+    retries_before = _metric(gateway, "sluice_request_retries_total", {"model": MODEL})
+    async with httpx.AsyncClient(base_url=gateway.url, timeout=120) as http:
+        streams, tasks = await _two_streams(http, "kill", 1500, 300)
+        victim = by_name[streams[0].worker]
+        survivor = streams[1].worker
+        server, dead = _engine_server(victim), {}
+        os.killpg(os.getpgid(server.pid), signal.SIGKILL)
+        killed_at = time.monotonic()
+        _when_dead(server, dead)
+        await asyncio.wait_for(tasks[0], 30)
+        took = streams[0].ended_at - killed_at
+        await asyncio.sleep(0.1)
+        print(f"\nFAULT-TIMING SIGKILL: stream ended {took:.3f} s after the kill; the process had exited "
+              f"{dead.get('t', float('nan')) - killed_at:.3f} s after it")
+        assert streams[0].error is not None and streams[0].payloads[-1] == "[DONE]", streams[0].payloads[-3:]
+        assert took < 2.0
+
+        # Before health checks notice, round robin still puts the dead worker first for one of these.
+        for i in range(2):
+            r = await http.post("/v1/completions", headers=ROUND_ROBIN, json={
+                "model": MODEL, "prompt": f"kill retry {i}", "max_tokens": 4, "temperature": 0})
+            assert r.status_code == 200, r.text
+            assert r.headers["x-sluice-worker"] == survivor
+            assert r.json()["choices"][0]["finish_reason"] == "length"
+        assert _metric(gateway, "sluice_request_retries_total", {"model": MODEL}) >= retries_before + 1
+
+        await asyncio.wait_for(tasks[1], 120)
+        assert streams[1].error is None and streams[1].finish_reason == "length"
+
+        await _until_healthy(gateway, victim.name, False)
+        retries = _metric(gateway, "sluice_request_retries_total", {"model": MODEL})
+        for i in range(3):
+            r = await http.post("/v1/completions", json={
+                "model": MODEL, "prompt": f"after the kill {i}", "max_tokens": 4, "temperature": 0})
+            assert r.status_code == 200 and r.headers["x-sluice-worker"] == survivor, r.text
+        assert _metric(gateway, "sluice_request_retries_total", {"model": MODEL}) == retries  # no detour
