@@ -66,7 +66,7 @@ async def read_json(request: Request) -> dict[str, Any]:
         return {}
     try:
         data = json.loads(body)
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:  # RecursionError: arrays or objects nested too deeply
         raise invalid(f"failed to parse the request JSON: {exc}") from None
     if not isinstance(data, dict):
         raise invalid("the request body must be a JSON object")
