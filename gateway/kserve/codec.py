@@ -15,7 +15,6 @@ import numpy as np
 from engines.classic.dtypes import as_bytes_array, element_size, numpy_to_wire, wire_to_numpy
 from engines.classic.errors import invalid
 
-
 # numpy sizes arrays in int64 bytes (counting every non-zero dimension, even when another is 0):
 # a larger shape describes no array, and np.prod would silently wrap its element count.
 _MAX_ELEMENTS = (2**63 - 1) // 8
