@@ -104,8 +104,10 @@ def _repository_routes(router: APIRouter, m: ModelRepositoryManager, llm: LLMSer
     @router.post("/v2/repository/index")
     async def index(request: Request) -> Response:
         async def run() -> Response:
-            body = await read_json(request)
-            return _json(views.repository_index(m, llm, bool(body.get("ready", False))))
+            ready = (await read_json(request)).get("ready", False)
+            if not isinstance(ready, bool):  # bool("false") is True
+                raise invalid("'ready' must be a boolean")
+            return _json(views.repository_index(m, llm, ready))
         return await guarded(run)
 
     @router.post("/v2/repository/models/{name}/load")
