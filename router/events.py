@@ -174,28 +174,31 @@ def decode_trtllm_events(body: Any) -> list[tuple[int, KVEvent | int | None]]:
     (an int); None for events we do not use (``updated``: priority or cache
     level changes), kept so that event-id gap detection stays right.
     Secondary-level (offloaded) stores are marked medium "CPU".
+    Raises only EventDecodeError: any other error would end the worker's poller.
     """
     if not isinstance(body, list):
         raise EventDecodeError("kv_cache_events body must be a JSON list")
-    out: list[tuple[int, KVEvent | int | None]] = []
-    for item in body:
-        if not isinstance(item, dict) or not isinstance(item.get("data"), dict):
-            raise EventDecodeError("each kv cache event needs an object 'data'")
-        eid, data = int(item.get("event_id", -1)), item["data"]
-        kind = data.get("type")
-        if kind == "created":
-            levels = data.get("num_blocks_per_cache_level") or []
-            if levels:
-                out.append((eid, int(levels[0])))
-            else:
-                out.append((eid, None))
-        elif kind == "stored":
-            out.append((eid, _trtllm_stored(data)))
-        elif kind == "removed":
-            out.append((eid, BlockRemoved(tuple(_hash(h) for h in data.get("block_hashes", ())))))
-        else:
-            out.append((eid, None))
-    return out
+    try:
+        return [_trtllm_item(item) for item in body]
+    except EventDecodeError:
+        raise
+    except (KeyError, TypeError, AttributeError, ValueError) as e:  # a field of the wrong shape
+        raise EventDecodeError(f"malformed kv cache event: {type(e).__name__}: {e}") from e
+
+
+def _trtllm_item(item: Any) -> tuple[int, KVEvent | int | None]:
+    if not isinstance(item, dict) or not isinstance(item.get("data"), dict):
+        raise EventDecodeError("each kv cache event needs an object 'data'")
+    eid, data = _int(item.get("event_id", -1), "event_id", -1), item["data"]
+    kind = data.get("type")
+    if kind == "created":
+        levels = data.get("num_blocks_per_cache_level") or []
+        return eid, (int(levels[0]) if levels else None)
+    if kind == "stored":
+        return eid, _trtllm_stored(data)
+    if kind == "removed":
+        return eid, BlockRemoved(tuple(_hash(h) for h in _seq(data.get("block_hashes"), "block_hashes")))
+    return eid, None
 
 
 def _trtllm_stored(data: dict[str, Any]) -> BlockStored | None:
@@ -214,7 +217,7 @@ def _trtllm_stored(data: dict[str, Any]) -> BlockStored | None:
         if len(toks) != size or any(t.get("token_extra_id", 0) for t in toks):
             break
         hashes.append(_hash(b["block_hash"]))
-        tokens.extend(int(t["token_id"]) for t in toks)
+        tokens.extend(_int(t["token_id"], "token id", 0, _MAX_TOKEN_ID) for t in toks)
     if not hashes or size == 0:
         return None
     return BlockStored(tuple(hashes), None if parent is None else _hash(parent), tuple(tokens), size,

@@ -17,7 +17,15 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from router.applier import EventApplier
-from router.events import AllBlocksCleared, BlockRemoved, BlockStored, EventBatch, EventDecodeError, decode_vllm_batch
+from router.events import (
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    EventBatch,
+    EventDecodeError,
+    decode_trtllm_events,
+    decode_vllm_batch,
+)
 from router.index import PrefixIndex
 from tests.properties import bounded
 from tests.router import eventgen as g
@@ -154,3 +162,52 @@ def test_field_types_the_applier_cannot_use_are_refused() -> None:
         assert decode_and_apply(g.batch([event])) is None, event
     assert decode_and_apply(_pack([float("nan"), [], 0])) is None
     assert decode_and_apply(_pack([0.0, [], "rank"])) is None
+
+
+# ---- TRT-LLM's /kv_cache_events JSON ------------------------------------------------------------
+json_leaves = st.one_of(st.none(), st.booleans(), st.integers(-(2**65), 2**65), st.floats(allow_nan=False),
+                        st.text(max_size=5), st.sampled_from(["created", "stored", "removed", "updated", "data",
+                                                             "blocks", "tokens", "token_id", "block_hash"]))
+json_documents = st.recursive(json_leaves, lambda inner: st.lists(inner, max_size=4) |
+                              st.dictionaries(st.sampled_from(["type", "data", "event_id", "blocks", "tokens",
+                                                               "token_id", "block_hash", "block_hashes",
+                                                               "parent_hash", "cache_level", "token_extra_id",
+                                                               "num_blocks_per_cache_level"]), inner, max_size=5),
+                              max_leaves=25)
+
+
+@bounded(400)
+@given(body=json_documents)
+def test_arbitrary_trtllm_json_raises_only_the_decoder_error(body: Any) -> None:
+    try:
+        items = decode_trtllm_events(body)
+    except EventDecodeError:
+        return
+    index = PrefixIndex(10_000)
+    index.add_worker("w")
+    applier = EventApplier("w", ["m"], index, max_mapped_blocks=1000)
+    for _, item in items:
+        if item is not None and not isinstance(item, int):
+            applier.apply(item)
+
+
+@st.composite
+def trtllm_stored(draw: st.DrawFn) -> dict[str, Any]:
+    size = draw(st.integers(1, 3))
+    blocks = [{"block_hash": draw(st.integers(0, 2**63)), "cache_level": 0,
+               "tokens": [{"token_id": draw(st.one_of(token_ids, json_leaves)), "token_extra_id": 0}
+                          for _ in range(size)]} for _ in range(draw(st.integers(1, 3)))]
+    return {"event_id": draw(st.integers(0, 100)), "data": {"type": "stored", "parent_hash": None, "blocks": blocks}}
+
+
+@bounded(200)
+@given(body=st.lists(trtllm_stored(), max_size=3))
+def test_trtllm_token_ids_outside_uint32_are_the_decoder_error(body: list[dict[str, Any]]) -> None:
+    ids = [t["token_id"] for e in body for b in e["data"]["blocks"] for t in b["tokens"]]
+    valid = all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t < 2**32 for t in ids)
+    try:
+        items = decode_trtllm_events(body)
+    except EventDecodeError:
+        assert not valid
+    else:
+        assert valid and all(isinstance(item, BlockStored) for _, item in items)
