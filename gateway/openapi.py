@@ -111,7 +111,16 @@ _SUCCESS: dict[tuple[str, str], tuple[str, dict[str, Any] | None]] = {
     ("post", "/v2/repository/index"): ("200", _content({"type": "array", "items": _INDEX_ROW})),
     ("post", "/v2/repository/models/{name}/load"): ("200", None),
     ("post", "/v2/repository/models/{name}/unload"): ("200", None),
+    ("post", "/v1/admin/workers"): ("201", _content(_obj(["name", "models"], name=_STR,
+                                                         models={"type": "array", "items": _STR}))),
+    ("delete", "/v1/admin/workers/{name}"): ("204", None),
+    ("get", "/health"): ("200", _content(_obj(["status"], status={"const": "ok"}))),
+    ("get", "/version"): ("200", _content(_obj(["version"], version=_STR))),
+    ("get", "/metrics"): ("200", {"text/plain": {"schema": _STR}}),
 }
+# /health while starting or degraded; the operations routes answer no other error.
+_OPS = {"/health": {"503": {"description": "Not ready", "content": _content(_obj(
+    ["status", "detail"], status={"const": "unavailable"}, detail=_STR))}}, "/version": {}, "/metrics": {}}
 # Routes under /v2/models/{name} and /v2/models/{name}/versions/{version}, by suffix.
 _MODEL_SUCCESS: dict[tuple[str, str], tuple[str, dict[str, Any] | None]] = {
     ("get", ""): ("200", _content(_obj(["name", "platform", "inputs", "outputs"], name=_STR, platform=_STR,
@@ -202,6 +211,9 @@ def _document_operation(path: str, method: str, op: dict[str, Any]) -> None:
         status, content = success
         responses.pop("200", None)
         responses[status] = {"description": "Success"} | ({"content": content} if content else {})
+    if path in _OPS:
+        responses.update(_OPS[path])
+        return
     statuses = _KSERVE_STATUSES if kserve else _OPENAI_STATUSES
     if path.startswith("/v1/admin"):
         statuses += _ADMIN_STATUSES
