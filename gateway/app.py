@@ -10,7 +10,7 @@ from fastapi.middleware.cors import CORSMiddleware
 from prometheus_client import CollectorRegistry
 
 from engines.classic.manager import ModelRepositoryManager
-from gateway import __version__, admin, errors, ops, startup
+from gateway import __version__, admin, errors, openapi, ops, startup
 from gateway.kserve import metrics as kserve_metrics
 from gateway.kserve.http import build_router as kserve_router
 from gateway.llm.local import LLMSpec
@@ -90,4 +90,5 @@ def create_app(settings: Settings, llm_specs: list[LLMSpec] | None = None) -> Fa
         app.include_router(module.router)
     if state.classic is not None:
         app.include_router(kserve_router(state.classic, state.llm))
+    openapi.install(app)
     return app

@@ -17,6 +17,7 @@ router's own chain.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -75,6 +76,39 @@ def _hash(v: Any) -> EngineHash:
     return v
 
 
+# Each field is checked here, so the applier and the index (which hash token ids
+# as uint32) only ever see well-typed events: any other exception would end the
+# worker's subscriber task.
+_MAX_TOKEN_ID = 2**32 - 1
+
+
+def _seq(v: Any, what: str) -> list[Any] | tuple[Any, ...]:
+    if v is None:
+        return ()
+    if not isinstance(v, (list, tuple)):
+        raise EventDecodeError(f"{what} must be an array, got {type(v).__name__}")
+    return v
+
+
+def _int(v: Any, what: str, low: int = 0, high: int | None = None) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or v < low or (high is not None and v > high):
+        raise EventDecodeError(f"{what} must be an integer in [{low}, {high if high is not None else 'inf'}], "
+                               f"got {v!r:.40}")
+    return v
+
+
+def _opt(v: Any, kind: type, what: str) -> Any:
+    if v is not None and (isinstance(v, bool) or not isinstance(v, kind)):
+        raise EventDecodeError(f"{what} must be {kind.__name__} or nil, got {type(v).__name__}")
+    return v
+
+
+def _extra_keys(v: Any) -> tuple[Any, ...] | None:
+    if v is None:
+        return None
+    return tuple(None if e is None else tuple(_seq(e, "extra_keys entry")) for e in _seq(v, "extra_keys"))
+
+
 def _fields(raw: Any, names: Sequence[str]) -> dict[str, Any]:
     if isinstance(raw, dict):
         return {k: raw.get(k) for k in names}
@@ -95,20 +129,20 @@ def decode_event(raw: Any) -> KVEvent | None:
         raise EventDecodeError(f"event must be a map or a tagged array, got {type(raw).__name__}")
     if tag == "BlockStored":
         f = _fields(raw, _STORED_FIELDS)
-        extra = f["extra_keys"]
         return BlockStored(
-            block_hashes=tuple(_hash(h) for h in f["block_hashes"] or ()),
+            block_hashes=tuple(_hash(h) for h in _seq(f["block_hashes"], "block_hashes")),
             parent_block_hash=None if f["parent_block_hash"] is None else _hash(f["parent_block_hash"]),
-            token_ids=tuple(int(t) for t in f["token_ids"] or ()),
-            block_size=int(f["block_size"] or 0),
-            lora_name=f["lora_name"],
-            extra_keys=None if extra is None else tuple(None if e is None else tuple(e) for e in extra),
-            medium=f["medium"],
-            group_idx=f["group_idx"],
+            token_ids=tuple(_int(t, "token id", 0, _MAX_TOKEN_ID) for t in _seq(f["token_ids"], "token_ids")),
+            block_size=0 if f["block_size"] is None else _int(f["block_size"], "block_size"),
+            lora_name=_opt(f["lora_name"], str, "lora_name"),
+            extra_keys=_extra_keys(f["extra_keys"]),
+            medium=_opt(f["medium"], str, "medium"),
+            group_idx=_opt(f["group_idx"], int, "group_idx"),
         )
     if tag == "BlockRemoved":
         f = _fields(raw, _REMOVED_FIELDS)
-        return BlockRemoved(tuple(_hash(h) for h in f["block_hashes"] or ()), f["medium"], f["group_idx"])
+        return BlockRemoved(tuple(_hash(h) for h in _seq(f["block_hashes"], "block_hashes")),
+                            _opt(f["medium"], str, "medium"), _opt(f["group_idx"], int, "group_idx"))
     if tag == "AllBlocksCleared":
         return AllBlocksCleared()
     return None  # newer vLLM may add event types; ignoring them is safe
@@ -118,7 +152,7 @@ def decode_vllm_batch(payload: bytes) -> EventBatch:
     """Decode one msgpack EventBatch payload (array or map encoding)."""
     try:
         raw = msgpack.unpackb(payload, raw=False, strict_map_key=False)
-    except (ValueError, msgpack.UnpackException) as e:
+    except (ValueError, TypeError, msgpack.UnpackException) as e:  # TypeError: an array as a map key
         raise EventDecodeError(f"not msgpack: {e}") from e
     if isinstance(raw, dict):
         ts, events, rank = raw.get("ts"), raw.get("events"), raw.get("data_parallel_rank")
@@ -126,10 +160,11 @@ def decode_vllm_batch(payload: bytes) -> EventBatch:
         ts, events, rank = raw[0], raw[1], raw[2] if len(raw) > 2 else None
     else:
         raise EventDecodeError("EventBatch must be a map or an array [ts, events, dp_rank]")
-    if not isinstance(events, (list, tuple)) or not isinstance(ts, (int, float)):
-        raise EventDecodeError("EventBatch needs a numeric ts and a list of events")
+    if (not isinstance(events, (list, tuple)) or isinstance(ts, bool) or not isinstance(ts, (int, float))
+            or not math.isfinite(ts)):
+        raise EventDecodeError("EventBatch needs a finite numeric ts and a list of events")
     decoded = tuple(e for e in (decode_event(r) for r in events) if e is not None)
-    return EventBatch(float(ts), decoded, rank)
+    return EventBatch(float(ts), decoded, _opt(rank, int, "data_parallel_rank"))
 
 
 def decode_trtllm_events(body: Any) -> list[tuple[int, KVEvent | int | None]]:
@@ -139,28 +174,31 @@ def decode_trtllm_events(body: Any) -> list[tuple[int, KVEvent | int | None]]:
     (an int); None for events we do not use (``updated``: priority or cache
     level changes), kept so that event-id gap detection stays right.
     Secondary-level (offloaded) stores are marked medium "CPU".
+    Raises only EventDecodeError: any other error would end the worker's poller.
     """
     if not isinstance(body, list):
         raise EventDecodeError("kv_cache_events body must be a JSON list")
-    out: list[tuple[int, KVEvent | int | None]] = []
-    for item in body:
-        if not isinstance(item, dict) or not isinstance(item.get("data"), dict):
-            raise EventDecodeError("each kv cache event needs an object 'data'")
-        eid, data = int(item.get("event_id", -1)), item["data"]
-        kind = data.get("type")
-        if kind == "created":
-            levels = data.get("num_blocks_per_cache_level") or []
-            if levels:
-                out.append((eid, int(levels[0])))
-            else:
-                out.append((eid, None))
-        elif kind == "stored":
-            out.append((eid, _trtllm_stored(data)))
-        elif kind == "removed":
-            out.append((eid, BlockRemoved(tuple(_hash(h) for h in data.get("block_hashes", ())))))
-        else:
-            out.append((eid, None))
-    return out
+    try:
+        return [_trtllm_item(item) for item in body]
+    except EventDecodeError:
+        raise
+    except (KeyError, TypeError, AttributeError, ValueError) as e:  # a field of the wrong shape
+        raise EventDecodeError(f"malformed kv cache event: {type(e).__name__}: {e}") from e
+
+
+def _trtllm_item(item: Any) -> tuple[int, KVEvent | int | None]:
+    if not isinstance(item, dict) or not isinstance(item.get("data"), dict):
+        raise EventDecodeError("each kv cache event needs an object 'data'")
+    eid, data = _int(item.get("event_id", -1), "event_id", -1), item["data"]
+    kind = data.get("type")
+    if kind == "created":
+        levels = data.get("num_blocks_per_cache_level") or []
+        return eid, (int(levels[0]) if levels else None)
+    if kind == "stored":
+        return eid, _trtllm_stored(data)
+    if kind == "removed":
+        return eid, BlockRemoved(tuple(_hash(h) for h in _seq(data.get("block_hashes"), "block_hashes")))
+    return eid, None
 
 
 def _trtllm_stored(data: dict[str, Any]) -> BlockStored | None:
@@ -179,7 +217,7 @@ def _trtllm_stored(data: dict[str, Any]) -> BlockStored | None:
         if len(toks) != size or any(t.get("token_extra_id", 0) for t in toks):
             break
         hashes.append(_hash(b["block_hash"]))
-        tokens.extend(int(t["token_id"]) for t in toks)
+        tokens.extend(_int(t["token_id"], "token id", 0, _MAX_TOKEN_ID) for t in toks)
     if not hashes or size == 0:
         return None
     return BlockStored(tuple(hashes), None if parent is None else _hash(parent), tuple(tokens), size,

@@ -22,6 +22,8 @@ _PLATFORM_TO_BACKEND = {
     "ensemble": "ensemble",
 }
 SUPPORTED_BACKENDS = frozenset({"onnxruntime", "python", "pytorch", "ensemble", "llm"})
+# The batcher keeps one queue per level and scans them all for each batch it forms.
+MAX_PRIORITY_LEVELS = 1024
 
 
 def parse_text(text: str, source: str) -> ModelConfig:
@@ -109,7 +111,10 @@ def _validate_tensor(kind: str, tensor: ModelTensor, source: str) -> None:
         raise ConfigError(f"{source}: field '{kind}.name': every {kind} needs a name")
     if tensor.data_type == TYPE_INVALID:
         raise ConfigError(f"{source}: {where}data_type': missing or TYPE_INVALID")
-    wire = config_to_wire(data_type_name(tensor.data_type))
+    try:
+        wire = config_to_wire(data_type_name(tensor.data_type))
+    except ValueError:  # proto3 enums are open: text format accepts any number
+        raise ConfigError(f"{source}: {where}data_type': unknown data type {tensor.data_type}") from None
     if wire not in WIRE_TYPES:
         raise ConfigError(f"{source}: {where}data_type': unsupported data type '{wire}'")
     if not tensor.dims and not tensor.HasField("reshape"):
@@ -129,6 +134,9 @@ def _validate_batcher(config: ModelConfig, source: str) -> None:
                 f"{source}: field 'dynamic_batching.preferred_batch_size': {size} must be in "
                 f"[1, max_batch_size={config.max_batch_size}]"
             )
+    if db.priority_levels > MAX_PRIORITY_LEVELS:
+        raise ConfigError(f"{source}: field 'dynamic_batching.priority_levels': {db.priority_levels} exceeds "
+                          f"{MAX_PRIORITY_LEVELS}")
     level = db.default_priority_level
     if db.priority_levels and level != 0 and not 0 < level <= db.priority_levels:
         raise ConfigError(

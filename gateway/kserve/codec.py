@@ -6,6 +6,7 @@ message that names the tensor.
 
 from __future__ import annotations
 
+import math
 import struct
 from typing import Any
 
@@ -14,6 +15,11 @@ import numpy as np
 from engines.classic.dtypes import as_bytes_array, element_size, numpy_to_wire, wire_to_numpy
 from engines.classic.errors import invalid
 
+# numpy sizes arrays in int64 bytes (counting every non-zero dimension, even when another is 0):
+# a larger shape describes no array, and np.prod would silently wrap its element count.
+_MAX_ELEMENTS = (2**63 - 1) // 8
+_MAX_DIMS = 64  # numpy's limit on ndim
+
 
 def check_shape(name: str, shape: Any) -> tuple[int, ...]:
     if not isinstance(shape, (list, tuple)) or not all(isinstance(d, int) and not isinstance(d, bool)
@@ -21,6 +27,10 @@ def check_shape(name: str, shape: Any) -> tuple[int, ...]:
         raise invalid(f"input '{name}': shape must be a list of integers")
     if any(d < 0 for d in shape):
         raise invalid(f"input '{name}': shape {list(shape)} has a negative dimension")
+    if len(shape) > _MAX_DIMS:
+        raise invalid(f"input '{name}': shape has {len(shape)} dimensions, at most {_MAX_DIMS} are supported")
+    if math.prod(d for d in shape if d) > _MAX_ELEMENTS:
+        raise invalid(f"input '{name}': shape {list(shape)} has more elements than a tensor can hold")
     return tuple(shape)
 
 

@@ -57,7 +57,7 @@ async def read_json(request: Request) -> dict[str, Any]:
         return {}
     try:
         data = json.loads(body)
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:  # RecursionError: arrays or objects nested too deeply
         raise invalid(f"failed to parse the request JSON: {exc}") from None
     if not isinstance(data, dict):
         raise invalid("the request body must be a JSON object")
@@ -95,8 +95,10 @@ def _repository_routes(router: APIRouter, m: ModelRepositoryManager, llm: LLMSer
     @router.post("/v2/repository/index")
     async def index(request: Request) -> Response:
         async def run() -> Response:
-            body = await read_json(request)
-            return _json(views.repository_index(m, llm, bool(body.get("ready", False))))
+            ready = (await read_json(request)).get("ready", False)
+            if not isinstance(ready, bool):  # bool("false") is True
+                raise invalid("'ready' must be a boolean")
+            return _json(views.repository_index(m, llm, ready))
         return await guarded(run)
 
     # Admin only: the access middleware authenticates the admin key; the dependency fails closed.

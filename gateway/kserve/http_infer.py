@@ -49,7 +49,7 @@ def decode_request(body: bytes, header_length: str | None) -> HttpInferRequest:
     check_json_depth(memoryview(body)[:length])
     try:
         header = json.loads(body[:length])
-    except (ValueError, UnicodeDecodeError) as exc:
+    except (ValueError, RecursionError) as exc:  # RecursionError: arrays or objects nested too deeply
         raise invalid(f"failed to parse the request JSON: {exc}") from None
     if not isinstance(header, dict):
         raise invalid("the request body must be a JSON object")
