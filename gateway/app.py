@@ -9,7 +9,7 @@ from fastapi import FastAPI
 from prometheus_client import CollectorRegistry
 
 from engines.classic.manager import ModelRepositoryManager
-from gateway import __version__, admin, errors, ops, startup
+from gateway import __version__, admin, errors, ops, startup, ui
 from gateway.kserve import metrics as kserve_metrics
 from gateway.kserve.http import build_router as kserve_router
 from gateway.llm.local import LLMSpec
@@ -67,7 +67,7 @@ def create_app(settings: Settings, llm_specs: list[LLMSpec] | None = None) -> Fa
     app.add_middleware(SluiceMiddleware, max_body_bytes=settings.max_body_bytes,
                        max_inflight=settings.max_inflight_requests, body_timeout_s=settings.body_timeout_s,
                        observe=observe)
-    for module in (chat, completions, embeddings, models, tokenize, ops, admin):
+    for module in (chat, completions, embeddings, models, tokenize, ops, admin, ui):
         app.include_router(module.router)
     if state.classic is not None:
         app.include_router(kserve_router(state.classic, state.llm))
