@@ -57,7 +57,7 @@ export class Classic {
   stroke([x0, y0], [x1, y1]) {
     const c = this.ctx;
     c.strokeStyle = "#000";
-    c.lineWidth = this.pad.width / 9;
+    c.lineWidth = this.pad.width / 7;
     c.lineCap = "round";
     c.lineJoin = "round";
     c.beginPath();

@@ -97,7 +97,7 @@ export function frame(ink, width, height, fit) {
     const side = Math.max(width, height);
     return { x: (width - side) / 2, y: (height - side) / 2, side };
   }
-  const side = Math.max(box.w, box.h) * 1.15;
+  const side = Math.max(box.w, box.h) * 1.05;
   return { x: box.x + box.w / 2 - side / 2, y: box.y + box.h / 2 - side / 2, side };
 }
 
