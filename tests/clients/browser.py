@@ -73,3 +73,26 @@ class Tab:
 
     def close(self) -> None:
         self.context.close()
+
+
+# The chat tab, as a person drives it.
+def settings(tab: Tab, *, system: str = "", temperature: float = 0, max_tokens: int = 16,
+             ignore_eos: bool = False) -> None:
+    page = tab.page
+    page.locator("#model option").first.wait_for(state="attached")
+    page.fill("#system", system)
+    page.fill("#temperature", str(temperature))
+    page.fill("#max-tokens", str(max_tokens))
+    page.set_checked("#ignore-eos", ignore_eos)
+
+
+def send(tab: Tab, text: str) -> None:
+    tab.page.fill("#prompt", text)
+    tab.page.click("#send")
+
+
+def wait_reply(tab: Tab, n: int, timeout_s: float = 180) -> str:
+    """Waits for the n-th reply (1-based) to end; returns its stats line."""
+    ended = tab.page.locator(".message.assistant.done, .message.assistant.failed, .message.assistant.stopped")
+    ended.nth(n - 1).wait_for(timeout=timeout_s * 1000)
+    return ended.nth(n - 1).locator(".stats").inner_text()
