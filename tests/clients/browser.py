@@ -32,7 +32,11 @@ PHONE: dict[str, Any] = {"viewport": {"width": 390, "height": 844}, "device_scal
 
 @contextmanager
 def chromium() -> Iterator[Browser]:
-    """One headless Chromium; playwright gives it a fresh, empty profile directory."""
+    """One headless Chromium; playwright gives it a fresh, empty profile directory.
+
+    Hold it for one test module at most, never for the session: while playwright's sync API
+    is open it keeps its own event loop set as the running one, and pytest-asyncio's tests
+    in other packages then cannot start theirs."""
     if not CHROMIUM.exists():
         raise RuntimeError(f"{CHROMIUM} is missing: run scripts/ensure_apt.sh (make apt) first")
     with sync_playwright() as p:

@@ -16,7 +16,7 @@ from tests.servers import DEFAULT_REPO, Server, llm_only_repository, start_serve
 DIGITS_MODELS = ("digits_ensemble", "digits_preprocess", "digits_onnx", "digits_postprocess")
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")  # stopped once tests/clients is done: the rest of the suite needs the cores
 def ui_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     tmp = tmp_path_factory.mktemp("clients")
     repo = llm_only_repository(tmp)
@@ -27,8 +27,9 @@ def ui_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     server.stop()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser() -> Iterator[Browser]:
+    """Per module: see `chromium` for why not per session."""
     with chromium() as b:
         yield b
 

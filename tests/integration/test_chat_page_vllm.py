@@ -21,6 +21,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.vllm]
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Browser]:
+    """Per module: see `chromium` for why not per session."""
     with chromium() as b:
         yield b
 
