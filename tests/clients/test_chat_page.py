@@ -203,7 +203,11 @@ def test_phone_layout_fits_and_chats(browser: Browser, ui_server: Server) -> Non
         page.locator("#model option").first.wait_for(state="attached")
 
         def fits() -> bool:
-            return bool(page.evaluate("() => document.documentElement.scrollWidth <= innerWidth"))
+            """Nothing wider than the screen: not the page, not the conversation, not a message."""
+            return bool(page.evaluate("""() => document.documentElement.scrollWidth <= innerWidth
+              && [...document.querySelectorAll(".messages")].every((m) => m.scrollWidth <= m.clientWidth)
+              && [...document.querySelectorAll(".message")]
+                .every((m) => m.getBoundingClientRect().right <= innerWidth)"""))
 
         assert fits()
         assert not page.locator("#model").is_visible()  # settings folded away on a phone
