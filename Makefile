@@ -8,7 +8,7 @@ HTTP_PORT ?= 8000
 GRPC_PORT ?= 8001
 PYTEST_ARGS ?=
 
-.PHONY: serve test venv vllm-venv apt models lint clean bench
+.PHONY: serve test venv vllm-venv apt npm models lint clean bench
 
 venv:
 	@scripts/ensure_venv.sh
@@ -16,9 +16,13 @@ venv:
 vllm-venv:
 	@scripts/ensure_vllm_venv.sh >/dev/null
 
-# System packages the tests start for real (redis-server, prometheus, chromium).
+# System packages the tests start or drive for real (redis-server, prometheus, chromium, node).
 apt:
 	@scripts/ensure_apt.sh
+
+# The official openai npm package for tests/js, installed once per lockfile into the cache.
+npm: apt
+	@scripts/ensure_npm.sh
 
 models: venv
 	@$(PY) -m model_repository.prepare --repository model_repository
@@ -26,7 +30,7 @@ models: venv
 serve: venv models
 	$(PY) -m gateway.cli serve --host $(HOST) --http-port $(HTTP_PORT) --grpc-port $(GRPC_PORT) --model-repository model_repository
 
-test: venv apt models vllm-venv
+test: venv apt npm models vllm-venv
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 bench: venv models

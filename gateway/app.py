@@ -10,7 +10,7 @@ from fastapi.middleware.cors import CORSMiddleware
 from prometheus_client import CollectorRegistry
 
 from engines.classic.manager import ModelRepositoryManager
-from gateway import __version__, admin, errors, openapi, ops, startup
+from gateway import __version__, admin, errors, openapi, ops, startup, ui
 from gateway.kserve import metrics as kserve_metrics
 from gateway.kserve.http import build_router as kserve_router
 from gateway.llm.local import LLMSpec
@@ -86,7 +86,7 @@ def create_app(settings: Settings, llm_specs: list[LLMSpec] | None = None) -> Fa
                            allow_headers=["*"], expose_headers=_EXPOSED_HEADERS)
     app.add_middleware(DrainMiddleware, drain=state.drain)
     app.add_middleware(SluiceMiddleware, max_inflight=settings.max_inflight_requests, observe=observe)
-    for module in (chat, completions, embeddings, models, tokenize, ops, admin):
+    for module in (chat, completions, embeddings, models, tokenize, ops, admin, ui):
         app.include_router(module.router)
     if state.classic is not None:
         app.include_router(kserve_router(state.classic, state.llm))

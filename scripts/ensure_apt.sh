@@ -1,11 +1,18 @@
 #!/usr/bin/env bash
-# Install the Debian packages the integration tests run for real, if missing
-# (shellcheck: the node scripts `sluice launch` writes are checked with it).
+# Install the Debian packages the tests run for real, if missing: servers (redis-server,
+# prometheus), clients (chromium for the browser tests, Node), and shellcheck (the node
+# scripts `sluice launch` writes are checked with it).
 set -euo pipefail
 need=()
 command -v redis-server >/dev/null || need+=(redis-server)
 command -v prometheus >/dev/null || need+=(prometheus)
 command -v shellcheck >/dev/null || need+=(shellcheck)
+# The browser tests drive Debian's Chromium through playwright (never a downloaded browser).
+command -v chromium >/dev/null || need+=(chromium)
+# Node runs the official openai npm package (tests/js); the machines ship Node 20, Debian's is the fallback.
+command -v npm >/dev/null || need+=(nodejs npm)
+# Fonts for legible screenshots (Chromium alone renders text with whatever is installed).
+[ -d /usr/share/fonts/truetype/dejavu ] || need+=(fonts-dejavu-core)
 [ ${#need[@]} -eq 0 ] && exit 0
 sudo=""; [ "$(id -u)" -ne 0 ] && sudo="sudo"
 echo ">> apt-get install ${need[*]}"

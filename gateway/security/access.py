@@ -44,7 +44,9 @@ current_key_id: ContextVar[str | None] = ContextVar("sluice_key_id", default=Non
 
 
 def classify_path(path: str) -> Access:
-    if path in _OPEN_PATHS:
+    # The browser page and its static assets: a browser cannot send a bearer key when it loads
+    # a page, so the page itself is open and asks for the key it then sends with every call.
+    if path in _OPEN_PATHS or path == "/" or path.startswith("/ui/"):
         return Access.OPEN
     if path == "/metrics":
         return Access.METRICS

@@ -8,7 +8,8 @@ from gateway.security.access import Access, bearer, classify_path, classify_rpc,
 
 
 @pytest.mark.parametrize(("path", "access"), [
-    ("/health", Access.OPEN), ("/version", Access.OPEN), ("/v2/health/live", Access.OPEN),
+    ("/health", Access.OPEN), ("/version", Access.OPEN), ("/", Access.OPEN), ("/ui/app.js", Access.OPEN),
+    ("/v2/health/live", Access.OPEN),
     ("/v2/health/ready", Access.OPEN),
     ("/metrics", Access.METRICS),
     ("/v1/admin/workers", Access.ADMIN), ("/v1/admin/workers/w0/drain", Access.ADMIN), ("/v1/admin", Access.ADMIN),
