@@ -2,9 +2,11 @@
 
 A template render grows with the conversation, and a template can loop, so it never runs
 on the event loop: it runs on one of `threads` worker threads and must finish within
-`timeout_s`. A job that overruns answers 400 while its thread finishes in the background;
-when every thread is busy a new job answers 503 at once, so runaway renders cannot queue
-up without bound.
+`timeout_s` of starting. Jobs wait for a thread in a bounded queue (`max_waiting`); a job
+that did not start within `timeout_s` (every thread busy) answers 503, a job that started
+but overran answers 400 while its thread finishes in the background, and a full queue
+refuses at once. So a burst of ordinary renders queues briefly, and runaway ones cannot
+pile up without bound.
 """
 
 from __future__ import annotations
@@ -13,36 +15,57 @@ import asyncio
 import queue
 import threading
 from collections.abc import Callable
-from typing import Any, TypeVar
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
 
 from engines.errors import ErrorKind, SluiceError
 
 T = TypeVar("T")
 
 
+@dataclass(slots=True)
+class _Job(Generic[T]):
+    fn: Callable[[], T]
+    loop: asyncio.AbstractEventLoop
+    started: asyncio.Future[None] = field(init=False)
+    done: asyncio.Future[T] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.started = self.loop.create_future()
+        self.done = self.loop.create_future()
+
+
 class Renderer:
-    def __init__(self, timeout_s: float = 5.0, threads: int = 4, allow_client_templates: bool = False) -> None:
+    def __init__(self, timeout_s: float = 5.0, threads: int = 4, allow_client_templates: bool = False,
+                 max_waiting: int = 256) -> None:
         self.timeout_s = timeout_s
         self.allow_client_templates = allow_client_templates  # a template is code the server runs
+        self.max_waiting = max_waiting
+        self._waiting = 0
         # Daemon threads of our own: a render that never ends must not hold up the process's exit,
         # which a ThreadPoolExecutor's threads (joined at exit) would.
-        self._jobs: queue.SimpleQueue[tuple[Callable[[], Any], asyncio.Future[Any]] | None] = queue.SimpleQueue()
+        self._jobs: queue.SimpleQueue[_Job[Any] | None] = queue.SimpleQueue()
         self._threads = [threading.Thread(target=self._work, name=f"sluice-render-{i}", daemon=True)
                          for i in range(threads)]
         for t in self._threads:
             t.start()
-        self._free = threads
 
-    async def run(self, job: Callable[[], T], what: str = "rendering the chat template") -> T:
-        if self._free <= 0:
-            raise SluiceError("every renderer is busy; retry later", ErrorKind.OVERLOADED, code="server_busy",
-                              retry_after_s=1.0)
-        self._free -= 1
-        future: asyncio.Future[T] = asyncio.get_running_loop().create_future()
-        future.add_done_callback(self._released)
-        self._jobs.put((job, future))
+    async def run(self, fn: Callable[[], T], what: str = "rendering the chat template") -> T:
+        if self._waiting >= self.max_waiting:
+            raise SluiceError("too many renders are waiting; retry later", ErrorKind.OVERLOADED,
+                              code="server_busy", retry_after_s=1.0)
+        job: _Job[T] = _Job(fn, asyncio.get_running_loop())
+        self._waiting += 1
+        job.started.add_done_callback(self._left_queue)
+        self._jobs.put(job)
         try:
-            return await asyncio.wait_for(asyncio.shield(future), self.timeout_s)
+            await asyncio.wait_for(asyncio.shield(job.started), self.timeout_s)
+        except TimeoutError:
+            job.started.cancel()  # a worker that picks it up later skips it
+            raise SluiceError("every renderer is busy; retry later", ErrorKind.OVERLOADED, code="server_busy",
+                              retry_after_s=1.0) from None
+        try:
+            return await asyncio.wait_for(asyncio.shield(job.done), self.timeout_s)
         except TimeoutError:
             raise SluiceError(f"{what} took longer than {self.timeout_s:g} s", ErrorKind.INVALID_ARG,
                               param="messages") from None
@@ -51,28 +74,40 @@ class Renderer:
         for _ in self._threads:
             self._jobs.put(None)
 
-    def _released(self, _: object) -> None:
-        self._free += 1
+    def _left_queue(self, _: object) -> None:
+        self._waiting -= 1
 
     def _work(self) -> None:
-        while (item := self._jobs.get()) is not None:
-            job, future = item
-            loop = future.get_loop()
+        while (job := self._jobs.get()) is not None:
+            if not self._settle(job, job.started, None, None, start=True):
+                continue  # its request gave up waiting
             result, error = None, None
             try:
-                result = job()
+                result = job.fn()
             except BaseException as e:  # the waiting request gets it; this thread lives on
                 error = e
-            try:
-                loop.call_soon_threadsafe(_settle, future, result, error)
-            except RuntimeError:
-                pass  # the loop is closed: the server is shutting down
+            self._settle(job, job.done, result, error)
 
+    @staticmethod
+    def _settle(job: _Job[Any], future: asyncio.Future[Any], result: Any, error: BaseException | None,
+                start: bool = False) -> bool:
+        """Complete `future` on its loop; for `start`, wait to learn whether the job still wants to run."""
+        outcome = threading.Event()
+        wanted = [True]
 
-def _settle(future: asyncio.Future[Any], result: Any, error: BaseException | None) -> None:
-    if future.done():
-        return
-    if error is not None:
-        future.set_exception(error)
-    else:
-        future.set_result(result)
+        def settle() -> None:
+            if future.done():
+                wanted[0] = False
+            elif error is not None:
+                future.set_exception(error)
+            else:
+                future.set_result(result)
+            outcome.set()
+
+        try:
+            job.loop.call_soon_threadsafe(settle)
+        except RuntimeError:
+            return False  # the loop is closed: the server is shutting down
+        if start:
+            outcome.wait(timeout=1.0)
+        return wanted[0]
