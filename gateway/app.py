@@ -39,7 +39,9 @@ def build_state(settings: Settings) -> AppState:
                      workers=WorkerPool(llm.registry, router, settings.model_repository))
     if settings.model_repository is not None:
         state.classic = ModelRepositoryManager(settings.model_repository, control_mode=settings.model_control_mode,
-                                               startup_models=list(settings.load_models))
+                                               startup_models=list(settings.load_models),
+                                               limits=settings.classic_limits(),
+                                               allow_uploads=settings.allow_model_uploads)
         kserve_metrics.register(registry, state.classic)
     return state
 
@@ -66,5 +68,5 @@ def create_app(settings: Settings, llm_specs: list[LLMSpec] | None = None) -> Fa
     for module in (chat, completions, embeddings, models, tokenize, ops, admin):
         app.include_router(module.router)
     if state.classic is not None:
-        app.include_router(kserve_router(state.classic, state.llm))
+        app.include_router(kserve_router(state.classic, state.llm, settings.max_body_bytes))
     return app

@@ -45,7 +45,23 @@ def _serve_parser(sub: Any) -> None:
     p.add_argument("--max-body-bytes", type=int, help="larger request bodies get 413 [8 MiB]")
     p.add_argument("--max-batch-size", dest="engine_max_batch_size", type=int,
                    help="in-process engine batch size [32]")
+    _classic_arguments(p)
     p.add_argument("--log-level", help="[SLUICE_LOG_LEVEL; info]")
+
+
+def _classic_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--allow-model-uploads", action="store_true",
+                   help="let repository loads carry model files ('file:' parameters), which run at load [off]")
+    p.add_argument("--classic-max-queue-size", type=int,
+                   help="queued requests per classic model priority level when its config sets none [1024]")
+    p.add_argument("--classic-max-tensor-elements", type=int,
+                   help="elements per input tensor; larger shapes get 400 [67108864]")
+    p.add_argument("--classic-execute-timeout-s", type=float,
+                   help="execute() time limit of classic models without their own; 0: none [300]")
+    p.add_argument("--grpc-max-message-bytes", type=int, help="KServe gRPC message size, each way [64 MiB]")
+    p.add_argument("--grpc-max-concurrent-rpcs", type=int, help="KServe gRPC RPCs in progress at once [1024]")
+    p.add_argument("--grpc-max-stream-inflight", type=int,
+                   help="requests of one ModelStreamInfer stream in flight [128]")
 
 
 def _weights(value: str) -> dict[str, float]:

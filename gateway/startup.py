@@ -91,7 +91,7 @@ async def _start_grpc(state: AppState) -> Any:
         return None
     from gateway.kserve.grpc import start_grpc_server
 
-    return await start_grpc_server(state.classic, state.llm, s.host, s.grpc_port)
+    return await start_grpc_server(state.classic, state.llm, s.host, s.grpc_port, s.grpc_limits())
 
 
 async def _add_static_workers(state: AppState) -> None:

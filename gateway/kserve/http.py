@@ -8,7 +8,6 @@ model failure). A bad request never affects other requests.
 from __future__ import annotations
 
 import base64
-import gzip
 import inspect
 import json
 import logging
@@ -21,7 +20,8 @@ from fastapi.responses import JSONResponse, Response
 
 from engines.classic.errors import Code, InferError, invalid
 from engines.classic.manager import ModelRepositoryManager
-from engines.errors import SluiceError
+from engines.classic.names import check_model_name
+from engines.errors import ErrorKind, SluiceError
 from gateway.kserve import generate, views
 from gateway.kserve.errors import http_status, retry_headers
 from gateway.kserve.http_infer import decode_request, encode_response
@@ -29,6 +29,7 @@ from gateway.llm.service import LLMService
 
 log = logging.getLogger("sluice.kserve.http")
 HEADER_LENGTH = "Inference-Header-Content-Length"
+DEFAULT_MAX_BODY_BYTES = 8 * 1024 * 1024
 
 
 def error_response(exc: SluiceError) -> JSONResponse:
@@ -47,21 +48,31 @@ async def guarded(call: Callable[[], Awaitable[Response] | Response]) -> Respons
         return error_response(InferError(f"internal error: {type(exc).__name__}", Code.INTERNAL))
 
 
-async def read_body(request: Request) -> bytes:
+def inflate(body: bytes, encoding: str, max_bytes: int) -> bytes:
+    """Decompress a gzip or deflate body, refusing (TOO_LARGE) one that inflates past `max_bytes`."""
+    decompressor = zlib.decompressobj(31 if encoding == "gzip" else 15)
+    try:
+        out = decompressor.decompress(body, max_bytes + 1)
+    except zlib.error as exc:
+        raise invalid(f"cannot decompress the {encoding} request body: {exc}") from None
+    if len(out) > max_bytes:
+        raise SluiceError(f"the {encoding} request body inflates to more than {max_bytes} bytes",
+                          ErrorKind.TOO_LARGE)
+    if not decompressor.eof:
+        raise invalid(f"cannot decompress the {encoding} request body: it is truncated")
+    return out
+
+
+async def read_body(request: Request, max_bytes: int = DEFAULT_MAX_BODY_BYTES) -> bytes:
     body = await request.body()
     encoding = request.headers.get("content-encoding", "").lower()
-    try:
-        if encoding == "gzip":
-            return gzip.decompress(body)
-        if encoding == "deflate":
-            return zlib.decompress(body)
-    except (OSError, zlib.error) as exc:
-        raise invalid(f"cannot decompress the {encoding} request body: {exc}") from None
+    if encoding in ("gzip", "deflate"):
+        return inflate(body, encoding, max_bytes)
     return body
 
 
-async def read_json(request: Request) -> dict[str, Any]:
-    body = await read_body(request)
+async def read_json(request: Request, max_bytes: int = DEFAULT_MAX_BODY_BYTES) -> dict[str, Any]:
+    body = await read_body(request, max_bytes)
     if not body.strip():
         return {}
     try:
@@ -73,12 +84,14 @@ async def read_json(request: Request) -> dict[str, Any]:
     return data
 
 
-def build_router(manager: ModelRepositoryManager, llm: LLMService) -> APIRouter:
+def build_router(manager: ModelRepositoryManager, llm: LLMService,
+                 max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> APIRouter:
+    """`max_body_bytes` also bounds a compressed body once inflated."""
     router = APIRouter()
     _server_routes(router, manager)
     for prefix in ("/v2/models/{name}", "/v2/models/{name}/versions/{version}"):
-        _model_routes(router, prefix, manager, llm)
-    _repository_routes(router, manager, llm)
+        _model_routes(router, prefix, manager, llm, max_body_bytes)
+    _repository_routes(router, manager, llm, max_body_bytes)
     return router
 
 
@@ -100,18 +113,19 @@ def _server_routes(router: APIRouter, m: ModelRepositoryManager) -> None:
         return await guarded(lambda: _json(views.to_dict(views.statistics(m, "", ""))))
 
 
-def _repository_routes(router: APIRouter, m: ModelRepositoryManager, llm: LLMService) -> None:
+def _repository_routes(router: APIRouter, m: ModelRepositoryManager, llm: LLMService, max_body: int) -> None:
     @router.post("/v2/repository/index")
     async def index(request: Request) -> Response:
         async def run() -> Response:
-            body = await read_json(request)
+            body = await read_json(request, max_body)
             return _json(views.repository_index(m, llm, bool(body.get("ready", False))))
         return await guarded(run)
 
     @router.post("/v2/repository/models/{name}/load")
     async def load(name: str, request: Request) -> Response:
         async def run() -> Response:
-            params = (await read_json(request)).get("parameters") or {}
+            check_model_name(name)
+            params = (await read_json(request, max_body)).get("parameters") or {}
             if not isinstance(params, dict):
                 raise invalid("'parameters' must be a JSON object")
             config = params.get("config")
@@ -129,7 +143,8 @@ def _repository_routes(router: APIRouter, m: ModelRepositoryManager, llm: LLMSer
     @router.post("/v2/repository/models/{name}/unload")
     async def unload(name: str, request: Request) -> Response:
         async def run() -> Response:
-            await read_json(request)
+            check_model_name(name)
+            await read_json(request, max_body)
             await m.unload(name)
             return Response(status_code=200)
         return await guarded(run)
@@ -139,14 +154,15 @@ def _json(data: Any, status: int = 200) -> Response:
     return JSONResponse(data, status_code=status)
 
 
-def _model_routes(router: APIRouter, prefix: str, m: ModelRepositoryManager, llm: LLMService) -> None:
+def _model_routes(router: APIRouter, prefix: str, m: ModelRepositoryManager, llm: LLMService,
+                  max_body: int) -> None:
     @router.get(prefix)
     async def metadata(name: str, version: str = "") -> Response:
         return await guarded(lambda: _json(views.to_dict(views.model_metadata(m, llm, name, version))))
 
     @router.get(prefix + "/ready")
     async def model_ready(name: str, version: str = "") -> Response:
-        return Response(status_code=200 if views.model_ready(m, llm, name, version) else 400)
+        return await guarded(lambda: Response(status_code=200 if views.model_ready(m, llm, name, version) else 400))
 
     @router.get(prefix + "/config")
     async def config(name: str, version: str = "") -> Response:
@@ -159,10 +175,10 @@ def _model_routes(router: APIRouter, prefix: str, m: ModelRepositoryManager, llm
     @router.post(prefix + "/infer")
     async def infer(name: str, request: Request, version: str = "") -> Response:
         async def run() -> Response:
-            if views.is_llm(m, llm, name):
+            if views.is_llm(m, llm, check_model_name(name)):
                 raise invalid(f"model '{name}' is an LLM; use /v2/models/{name}/generate")
-            body = await read_body(request)
-            req = decode_request(body, request.headers.get(HEADER_LENGTH))
+            body = await read_body(request, max_body)
+            req = decode_request(body, request.headers.get(HEADER_LENGTH), m.limits.max_tensor_elements)
             model = m.get_version(name, version or None)
             outputs = await m.infer(name, model.version, req.inputs, req.outputs, req.priority, req.timeout_us,
                                     req.parameters, req.request_id)
@@ -176,11 +192,13 @@ def _model_routes(router: APIRouter, prefix: str, m: ModelRepositoryManager, llm
     @router.post(prefix + "/generate")
     async def gen(name: str, request: Request, version: str = "") -> Response:
         async def run() -> Response:
-            return _json(await generate.generate_once(llm, name, version, await read_json(request)))
+            check_model_name(name)
+            return _json(await generate.generate_once(llm, name, version, await read_json(request, max_body)))
         return await guarded(run)
 
     @router.post(prefix + "/generate_stream")
     async def gen_stream(name: str, request: Request, version: str = "") -> Response:
         async def run() -> Response:
-            return await generate.generate_sse(llm, name, version, await read_json(request))
+            check_model_name(name)
+            return await generate.generate_sse(llm, name, version, await read_json(request, max_body))
         return await guarded(run)
