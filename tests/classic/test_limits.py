@@ -91,7 +91,7 @@ def test_execute_timeout_parameter():
     assert execute_timeout_s(_config(param % "2.5"), limits, "src") == 2.5
     assert execute_timeout_s(_config(param % "0"), limits, "src") == 0.0
     for bad in ("-1", "soon", "inf", "nan"):
-        with pytest.raises(ConfigError, match="src: field 'parameters.execute_timeout_s'"):
+        with pytest.raises(ConfigError, match=r"src: field 'parameters\.execute_timeout_s'"):
             execute_timeout_s(_config(param % bad), limits, "src")
 
 

@@ -128,9 +128,8 @@ async def test_injected_scheduler_failure_fails_its_requests_and_restarts(manage
 
     scheduler._queue.form_batch = broken
     _module("gated").GATE.set()
-    with caplog.at_level(logging.ERROR, logger="sluice.classic"):
-        with pytest.raises(InferError) as err:
-            await _bounded(manager.infer("gated", "", {"X": _x([1, 1])}))
+    with caplog.at_level(logging.ERROR, logger="sluice.classic"), pytest.raises(InferError) as err:
+        await _bounded(manager.infer("gated", "", {"X": _x([1, 1])}))
     assert err.value.kind == Code.INTERNAL and "scheduler failed (RuntimeError: injected fault)" in err.value.message
     assert any("died; restarting" in r.message and r.exc_info for r in caplog.records)
     assert (await _bounded(manager.infer("gated", "", {"X": _x([2, 2])})))["Y"].tolist() == [[2, 2]]
