@@ -202,3 +202,20 @@ async def test_hung_execute_fails_at_the_limit_and_a_replacement_serves(manager)
     assert _module("hangs_once") is not module and len(module.CALLS) == 1
     module.RELEASE.set()  # the abandoned instance returns; it is closed, the replacement keeps serving
     assert (await _bounded(manager.infer("hangs_once", "", {"X": _x([4, 4])})))["Y"].tolist() == [[5, 5]]
+
+
+async def test_a_far_deadline_does_not_break_the_driver(manager):
+    # The API refuses timeouts over an hour; the driver must survive one anyway (10**400 µs used to
+    # overflow its float conversion and kill it silently while the model was busy).
+    from engines.classic.request import InferRequest
+
+    model = manager.get_version("gated")
+    gated = _module("gated")
+    running = asyncio.create_task(manager.infer("gated", "", {"X": _x([0, 0])}))
+    await _bounded(asyncio.to_thread(gated.STARTED.acquire, True, BOUND_S))
+    far = InferRequest("gated", "1", {"X": _x([7, 7])}, timeout_us=10**400, batch_size=1)
+    queued = asyncio.create_task(model.scheduler.submit(far))
+    await _bounded(_until(lambda: model.scheduler.queued == 1))
+    gated.GATE.set()
+    assert (await _bounded(running))["Y"].tolist() == [[0, 0]]
+    assert (await _bounded(queued))["Y"].tolist() == [[7, 7]]

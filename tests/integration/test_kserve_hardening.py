@@ -177,11 +177,24 @@ def test_oversized_shapes_refused_before_allocation(server, http, grpc_client, s
 
 
 def test_typed_contents_checked_before_conversion(server, http, grpc_client):
-    request = service_pb2.ModelInferRequest(model_name="digits_onnx")
-    request.inputs.add(name="input", datatype="FP32", shape=[1, 64]).contents.fp32_contents.extend([0.5] * 63)
-    with grpc.insecure_channel(server.grpc_url) as channel, pytest.raises(grpc.RpcError) as err:
-        service_pb2_grpc.GRPCInferenceServiceStub(channel).ModelInfer(request)
-    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "got 63 elements" in err.value.details()
+    stub_calls = []
+    short = service_pb2.ModelInferRequest(model_name="digits_onnx")
+    short.inputs.add(name="input", datatype="FP32", shape=[1, 64]).contents.fp32_contents.extend([0.5] * 63)
+    stub_calls.append((short, "got 63 elements"))
+    # 300 does not fit UINT8: a client error, not a server failure.
+    overflow = service_pb2.ModelInferRequest(model_name="digits_preprocess")
+    overflow.inputs.add(name="IMAGE", datatype="UINT8", shape=[1, 8, 8]).contents.uint_contents.extend([300] * 64)
+    stub_calls.append((overflow, "cannot convert contents to UINT8"))
+    both = service_pb2.ModelInferRequest(model_name="digits_onnx")
+    both.inputs.add(name="input", datatype="FP32", shape=[1, 64]).contents.fp32_contents.extend([0.5] * 64)
+    both.raw_input_contents.append(X.tobytes())
+    stub_calls.append((both, "not both"))
+    with grpc.insecure_channel(server.grpc_url) as channel:
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+        for request, fragment in stub_calls:
+            with pytest.raises(grpc.RpcError) as err:
+                stub.ModelInfer(request)
+            assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and fragment in err.value.details()
     _still_serves(http, grpc_client)
 
 
