@@ -119,10 +119,12 @@ def test_a_symlink_inside_the_model_cannot_carry_a_write_outside(tmp_path):
     assert list(outside.iterdir()) == [] and sorted(p.name for p in model.parent.iterdir()) == ["m"]
 
 
-@pytest.mark.parametrize("filename", ["../../../etc/passwd", "/etc/passwd", "../1/model.py", "x\0y", "link.py"])
+@pytest.mark.parametrize("filename", ["../../elsewhere.py", "ABSOLUTE", "../1/model.py", "x\0y", "link.py"])
 async def test_default_model_filename_must_stay_inside_the_model(repo, tmp_path, filename):
-    outside = tmp_path / "elsewhere.py"
+    outside = tmp_path / "elsewhere.py"  # beside the model directory: every filename here names a real file
     outside.write_text(DOUBLE_PY)
+    if filename == "ABSOLUTE":
+        filename = str(outside)
     os.symlink(outside, repo / "m" / "1" / "link.py")
     m = await _manager(repo, allow_uploads=False)
     try:

@@ -85,18 +85,20 @@ def test_flood_beyond_the_queue_bound_gets_503_and_the_queue_stays_bounded(serve
     started = len(list(gate.glob("started-*")))
     flood_size = 60
     with ThreadPoolExecutor(flood_size + 1) as pool:
-        first = pool.submit(_http_gated, server.http_url, -1.0)
-        wait_for(lambda: len(list(gate.glob("started-*"))) > started, "the first request to start executing")
-        flood = [pool.submit(_http_gated, server.http_url, float(i)) for i in range(flood_size)]
-        expected_refusals = flood_size - QUEUE_BOUND
-        wait_for(lambda: sum(f.done() for f in flood) == expected_refusals, "the refusals")
-        assert _pending(server) == QUEUE_BOUND + 1  # the executing request and a full queue, no more
-        refused = [f for f in flood if f.done()]
-        for f in refused:
-            with pytest.raises(InferenceServerException) as err:
-                f.result()
-            assert err.value.status() == "503" and "Exceeds maximum queue size" in err.value.message()
-        (gate / "closed").unlink()
+        try:
+            first = pool.submit(_http_gated, server.http_url, -1.0)
+            wait_for(lambda: len(list(gate.glob("started-*"))) > started, "the first request to start executing")
+            flood = [pool.submit(_http_gated, server.http_url, float(i)) for i in range(flood_size)]
+            expected_refusals = flood_size - QUEUE_BOUND
+            wait_for(lambda: sum(f.done() for f in flood) == expected_refusals, "the refusals")
+            assert _pending(server) == QUEUE_BOUND + 1  # the executing request and a full queue, no more
+            refused = [f for f in flood if f.done()]
+            for f in refused:
+                with pytest.raises(InferenceServerException) as err:
+                    f.result()
+                assert err.value.status() == "503" and "Exceeds maximum queue size" in err.value.message()
+        finally:
+            (gate / "closed").unlink(missing_ok=True)  # never leave the pool's threads blocked on the gate
         assert first.result(timeout=120).tolist() == [[-1.0]]
         served = [f.result(timeout=120)[0, 0] for f in flood if f not in refused]
     assert len(served) == QUEUE_BOUND
@@ -118,6 +120,7 @@ def test_stream_reads_at_most_its_inflight_bound(server, gate):
         (gate / "closed").unlink()
         got = [results.get(timeout=120) for _ in range(10)]
     finally:
+        (gate / "closed").unlink(missing_ok=True)
         client.stop_stream()
         client.close()
     assert all(e is None for _, e in got), [e for _, e in got if e is not None]
@@ -141,6 +144,7 @@ def test_concurrent_rpcs_beyond_the_bound_get_resource_exhausted(server, gate):
         assert all(e is None for _, e in got)
         assert client.is_server_live()
     finally:
+        (gate / "closed").unlink(missing_ok=True)
         client.close()
 
 
@@ -156,6 +160,9 @@ def test_grpc_message_over_the_bound_is_refused_and_the_server_serves(server):
         small = np.arange(16, dtype=np.float32).reshape(1, 16)
         inp = grpcclient.InferInput("X", list(small.shape), "FP32")
         inp.set_data_from_numpy(small)
+        with pytest.raises(InferenceServerException) as err:  # a small tensor, but a request over the bound
+            client.infer("echo", [inp], parameters={"padding": "x" * (MAX_MESSAGE + 1024)})
+        assert err.value.status() == "StatusCode.RESOURCE_EXHAUSTED"
         assert client.infer("echo", [inp]).as_numpy("Y").tolist() == small.tolist()
     finally:
         client.close()

@@ -43,7 +43,8 @@ def server():
     (escaping / "1" / "model.py").unlink()
     os.symlink(secret, escaping / "1" / "model.py")
     write_model(repo, "escaping_name", CONFIG.format(name="escaping_name",
-                                                     extra='default_model_filename: "../../outside.py"'), DOUBLE_PY)
+                                                     extra='default_model_filename: "../../../outside.py"'),
+                DOUBLE_PY)
     srv = start_server(root, repo, "--allow-model-uploads")
     yield srv
     srv.stop()
@@ -66,8 +67,10 @@ def _y(client, model: str = "double") -> list:
     return client.infer(model, [inp]).as_numpy("Y").tolist()
 
 
-def _files(root: Path) -> list[str]:
-    return sorted(str(p.relative_to(root)) for p in root.rglob("*") if "__pycache__" not in p.parts)
+def _files(root: Path) -> dict[str, bytes | None]:
+    """Every path under `root` with its content (None for a directory)."""
+    return {str(p.relative_to(root)): None if p.is_dir() else p.read_bytes()
+            for p in sorted(root.rglob("*")) if "__pycache__" not in p.parts}
 
 
 def test_escaping_model_files_on_disk_are_refused_at_load(http):
@@ -96,15 +99,17 @@ def test_upload_paths_outside_the_model_are_refused(server, http, path):
     assert _files(server.repo) == before and not (server.repo / "evil.py").exists()
 
 
-@pytest.mark.parametrize("filename", ["../../../../etc/passwd", "/etc/passwd"])
+@pytest.mark.parametrize("filename", ["../../../outside.py", "OUTSIDE"])
 def test_override_with_an_escaping_default_model_filename_is_refused(server, http, filename):
+    if filename == "OUTSIDE":
+        filename = str(server.root / "outside.py")  # an absolute path to a file that exists
     before = _files(server.repo)
     config = dict(_config(http), default_model_filename=filename)
     with pytest.raises(InferenceServerException) as err:
         http.load_model("double", config=json.dumps(config))
     assert err.value.status() == "400" and "default_model_filename" in err.value.message()
     with pytest.raises(InferenceServerException) as err:  # and with files: nothing is written either
-        http.load_model("double", config=json.dumps(config), files={"file:3/model.py": DOUBLE_PY.encode()})
+        http.load_model("double", config=json.dumps(config), files={"file:5/model.py": DOUBLE_PY.encode()})
     assert err.value.status() == "400"
     assert _files(server.repo) == before
     assert http.is_model_ready("double")
@@ -116,7 +121,7 @@ def test_invalid_override_config_writes_nothing(server, http):
     bad["input"] = [dict(bad["input"][0], dims=[0])]
     for config in (json.dumps(bad), "{not json"):
         with pytest.raises(InferenceServerException) as err:
-            http.load_model("double", config=config, files={"file:3/model.py": DOUBLE_PY.encode()})
+            http.load_model("double", config=config, files={"file:6/model.py": DOUBLE_PY.encode()})
         assert err.value.status() == "400"
     assert _files(server.repo) == before
 
@@ -127,7 +132,7 @@ def test_failed_upload_is_rolled_back_and_the_model_keeps_serving(server, http):
     broken = b"import no_such_module_anywhere\n"
     with pytest.raises(InferenceServerException) as err:
         http.load_model("double", config=json.dumps(_config(http)),
-                        files={"file:3/model.py": broken, "file:3/extra.txt": b"data"})
+                        files={"file:7/model.py": broken, "file:1/model.py": broken, "file:7/extra.txt": b"data"})
     assert err.value.status() == "400" and "no_such_module_anywhere" in err.value.message()
     assert _files(server.repo) == before  # neither file stayed
     assert http.is_model_ready("double") and _y(http) == served
