@@ -144,3 +144,24 @@ async def test_default_model_filename_must_stay_inside_the_model(repo, tmp_path,
         assert row["state"] == "UNAVAILABLE" and "default_model_filename" in row["reason"]
     finally:
         await m.stop()
+
+
+async def test_an_ensemble_step_cannot_load_a_model_from_outside_the_repository(repo, tmp_path):
+    outside = tmp_path.parent / f"{tmp_path.name}-outside"
+    (outside / "1").mkdir(parents=True)
+    (outside / "config.pbtxt").write_text(PBTXT.replace('name: "m" ', ""))
+    (outside / "1" / "model.py").write_text("raise SystemExit('outside code ran')\n")
+    ensemble = {"name": "ens", "platform": "ensemble", "max_batch_size": 4,
+                "input": CONFIG["input"], "output": CONFIG["output"],
+                "ensemble_scheduling": {"step": [{"model_name": f"../{outside.name}", "model_version": -1,
+                                                  "input_map": {"X": "X"}, "output_map": {"Y": "Y"}}]}}
+    (repo / "ens" / "1").mkdir(parents=True)
+    m = await _manager(repo, allow_uploads=False)
+    try:
+        with pytest.raises(InferError) as err:
+            await m.load("ens", json.dumps(ensemble))
+        assert err.value.kind == Code.INVALID_ARG and "step[0].model_name" in err.value.message
+        assert "invalid model name" in err.value.message
+        assert f"../{outside.name}" not in {r["name"] for r in m.repository_index()}
+    finally:
+        await m.stop()
