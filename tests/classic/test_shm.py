@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -62,3 +63,15 @@ def test_metadata_outside_the_segment_is_refused(segment):
 def test_too_large_for_the_segment(segment):
     with pytest.raises(ValueError, match="does not fit"):
         shm.pack(shm.encode({"x": np.zeros(2048, np.float32)}), segment)
+
+
+def test_sweep_removes_segments_of_dead_servers_only(segment):
+    dead = 2**22 + 12345  # above Linux's default pid_max: no such process
+    stale = Path(shm.SHM_DIR) / f"sluice-{dead}-0-feedbeef"
+    stale.write_bytes(b"x")
+    try:
+        removed = shm.sweep_stale()
+        assert stale.name in removed and not stale.exists()
+        assert Path(segment.path).exists()  # this process is alive: its segment stays
+    finally:
+        stale.unlink(missing_ok=True)

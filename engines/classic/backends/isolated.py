@@ -45,6 +45,7 @@ _ROOT = Path(__file__).resolve().parents[3]  # where the `engines` package lives
 _INIT_TIMEOUT_S = 600.0  # initialize() may load weights; a hung one still ends
 _FIRST_SEGMENT_BYTES = 1 << 20
 _MAX_REPLY_BYTES = 64 << 20  # metadata only: a reply this large is a broken process
+_swept = False  # stale segments of dead servers are removed once per process, at the first isolated instance
 
 
 class _Lost(Exception):
@@ -61,6 +62,11 @@ class IsolatedPythonBackend(Backend):
     def __init__(self, config: ModelConfig, version_dir: Path, index: int, time_limit_s: float) -> None:
         super().__init__(config)
         model_file(config, version_dir, "model.py")  # a file outside the model is refused before any spawn
+        global _swept
+        if not _swept:
+            _swept = True
+            for name in shm.sweep_stale():
+                log.info("removed shared-memory segment %s of a server that is gone", name)
         self._init = {"op": "init", "config": to_json(config), "version_dir": str(version_dir), "index": index}
         self._limit_s = time_limit_s
         self._prefix = f"sluice-{os.getpid()}-{index}"

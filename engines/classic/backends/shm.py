@@ -66,6 +66,34 @@ class Segment:
             os.unlink(self.path)
 
 
+def sweep_stale(prefix: str = "sluice-") -> list[str]:
+    """Unlink segments `<prefix><pid>-...` whose creating server process is gone (one that was killed
+    cannot unlink its own); returns their names. A live process's segments are left alone."""
+    removed = []
+    try:
+        names = os.listdir(SHM_DIR)
+    except OSError:
+        return removed
+    for name in names:
+        pid_text = name[len(prefix):].split("-", 1)[0] if name.startswith(prefix) else ""
+        if not pid_text.isdigit() or _alive(int(pid_text)):
+            continue
+        with contextlib.suppress(OSError):
+            os.unlink(os.path.join(SHM_DIR, name))
+            removed.append(name)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # exists, owned by someone else
+        return True
+    return True
+
+
 def _aligned(n: int) -> int:
     return (n + _ALIGN - 1) // _ALIGN * _ALIGN
 
