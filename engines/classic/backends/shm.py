@@ -69,7 +69,7 @@ class Segment:
 def sweep_stale(prefix: str = "sluice-") -> list[str]:
     """Unlink segments `<prefix><pid>-...` whose creating server process is gone (one that was killed
     cannot unlink its own); returns their names. A live process's segments are left alone."""
-    removed = []
+    removed: list[str] = []
     try:
         names = os.listdir(SHM_DIR)
     except OSError:
