@@ -33,6 +33,9 @@ from engines.classic.workers import describe
 
 # The driver re-checks its queue at least this often, whatever deadline a request carries.
 _MAX_WAIT_NS = 60 * 1_000_000_000
+# Unloading waits this long for running batches (a model without a time limit may never return);
+# a batch still running then finishes on its own, and its instance is closed after it, on its thread.
+_CLOSE_GRACE_S = 30.0
 
 
 @dataclass(slots=True)
@@ -158,12 +161,12 @@ class Scheduler:
             pending.future.set_result(result)
 
     async def close(self) -> None:
-        """Reject queued requests, let running batches finish (each within the time limit), release instances."""
+        """Reject queued requests, let running batches finish (within `_CLOSE_GRACE_S`), release instances."""
         self._closed = True
         if self._driver is not None:
             self._driver.cancel()
             await asyncio.gather(self._driver, return_exceptions=True)
         self._fail_queued(unavailable("model is being unloaded"))
         if self._batches:
-            await asyncio.gather(*self._batches, return_exceptions=True)
+            await asyncio.wait(list(self._batches), timeout=_CLOSE_GRACE_S)
         await self._pool.close()
