@@ -45,6 +45,7 @@ _ROOT = Path(__file__).resolve().parents[3]  # where the `engines` package lives
 _INIT_TIMEOUT_S = 600.0  # initialize() may load weights; a hung one still ends
 _FIRST_SEGMENT_BYTES = 1 << 20
 _MAX_REPLY_BYTES = 64 << 20  # metadata only: a reply this large is a broken process
+_MAX_OUTPUT_BYTES = 4 << 30  # one batch's outputs; a process asking for more is treated as broken
 _swept = False  # stale segments of dead servers are removed once per process, at the first isolated instance
 
 
@@ -180,7 +181,11 @@ class IsolatedPythonBackend(Backend):
                     "requests": sent}, )
         reply = self._recv(deadline, "execute()")
         if "need" in reply:
-            self._out = self._grown(self._out, int(reply["need"]))
+            need = int(reply["need"])
+            if not 0 < need <= _MAX_OUTPUT_BYTES:
+                raise _Lost(f"model '{self.config.name}': its outputs need {need} bytes, more than the "
+                            f"{_MAX_OUTPUT_BYTES} one batch may return", Code.INTERNAL)
+            self._out = self._grown(self._out, need)
             self._send({"op": "grow", "output": self._out.describe()})
             reply = self._recv(deadline, "execute()")
         return self._results(reply, len(requests))
@@ -200,7 +205,11 @@ class IsolatedPythonBackend(Backend):
         return results
 
     def _grown(self, old: shm.Segment, size: int) -> shm.Segment:
-        new = shm.Segment.create(self._prefix, max(size, 2 * old.size))
+        try:
+            new = shm.Segment.create(self._prefix, max(size, 2 * old.size))
+        except OSError as exc:  # /dev/shm is full: this batch fails, the process starts clean
+            raise _Lost(f"model '{self.config.name}': no shared memory for {size} bytes: {exc}",
+                        Code.UNAVAILABLE) from None
         old.close()
         old.unlink()  # the process may still map it until it maps the new one; the memory goes with the last
         return new
