@@ -51,7 +51,9 @@ def build_state(settings: Settings) -> AppState:
                      renderer=renderer, security=security)
     if settings.model_repository is not None:
         state.classic = ModelRepositoryManager(settings.model_repository, control_mode=settings.model_control_mode,
-                                               startup_models=list(settings.load_models))
+                                               startup_models=list(settings.load_models),
+                                               limits=settings.classic_limits(),
+                                               allow_uploads=settings.allow_model_uploads)
         kserve_metrics.register(registry, state.classic)
     return state
 

@@ -59,6 +59,7 @@ def _serve_parser(sub: Any) -> None:
                    help="on SIGTERM, how long in-flight requests may finish while new ones get 503 [30]")
     p.add_argument("--worker-stall-timeout-s", type=float,
                    help="end a worker stream that sent nothing for this long after its first chunk [60]")
+    _classic_arguments(p)
     p.add_argument("--log-level", help="[SLUICE_LOG_LEVEL; info]")
     p.add_argument("--log-format", choices=LOG_FORMATS, help="text, or json: one object per line [text]")
     _security_flags(p)
@@ -79,6 +80,21 @@ def _security_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quota-rpm", type=int, help="requests per minute per key; 0: unlimited [0]")
     p.add_argument("--quota-tpm", type=int, help="prompt + completion tokens per minute per key; 0: unlimited [0]")
     p.add_argument("--quota-concurrency", type=int, help="requests in flight per key; 0: unlimited [0]")
+
+
+def _classic_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--allow-model-uploads", action="store_true",
+                   help="let repository loads carry model files ('file:' parameters), which run at load [off]")
+    p.add_argument("--classic-max-queue-size", type=int,
+                   help="queued requests per classic model priority level when its config sets none [1024]")
+    p.add_argument("--classic-max-tensor-elements", type=int,
+                   help="elements per input tensor; larger shapes get 400 [67108864]")
+    p.add_argument("--classic-execute-timeout-s", type=float,
+                   help="execute() time limit of classic models without their own; 0: none [300]")
+    p.add_argument("--grpc-max-message-bytes", type=int, help="KServe gRPC message size, each way [64 MiB]")
+    p.add_argument("--grpc-max-concurrent-rpcs", type=int, help="KServe gRPC RPCs in progress at once [1024]")
+    p.add_argument("--grpc-max-stream-inflight", type=int,
+                   help="requests of one ModelStreamInfer stream in flight [128]")
 
 
 def _weights(value: str) -> dict[str, float]:

@@ -12,8 +12,10 @@ from pathlib import Path
 from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from engines.classic.limits import ClassicLimits
 from engines.classic.manager import CONTROL_MODES
 from gateway.discovery.spec import parse_discovery, require_client
+from gateway.limits import GrpcLimits
 from gateway.llm.admission import AdmissionConfig
 from gateway.logs import LOG_FORMATS
 from router import COST_WEIGHT_NAMES, DEFAULT_POLICY, CostWeights, RouterConfig, validate_redis_url
@@ -69,6 +71,14 @@ class Settings(BaseSettings):
     quota_rpm: int = Field(default=0, ge=0)
     quota_tpm: int = Field(default=0, ge=0)
     quota_concurrency: int = Field(default=0, ge=0)
+    # Classic path and KServe gRPC bounds (engines.classic.limits, gateway.kserve.grpc.GrpcLimits).
+    allow_model_uploads: bool = False  # repository loads may carry model files (code run at load)
+    classic_max_queue_size: int = Field(default=ClassicLimits().max_queue_size, ge=1)  # per level, if config sets none
+    classic_max_tensor_elements: int = Field(default=ClassicLimits().max_tensor_elements, ge=1)
+    classic_execute_timeout_s: float = Field(default=ClassicLimits().execute_timeout_s, ge=0.0, allow_inf_nan=False)
+    grpc_max_message_bytes: int = Field(default=GrpcLimits().max_message_bytes, ge=1024, le=2**31 - 1)
+    grpc_max_concurrent_rpcs: int = Field(default=GrpcLimits().max_concurrent_rpcs, ge=1)
+    grpc_max_stream_inflight: int = Field(default=GrpcLimits().max_stream_inflight, ge=1)
     # Worker mode (`sluice worker --engine transformers --gateway URL`): register there once ready.
     register_with: str | None = None
     worker_name: str | None = None
@@ -116,6 +126,13 @@ class Settings(BaseSettings):
 
     def admission(self) -> AdmissionConfig:
         return AdmissionConfig(self.max_running, self.max_queued)
+
+    def classic_limits(self) -> ClassicLimits:
+        return ClassicLimits(self.classic_max_queue_size, self.classic_max_tensor_elements,
+                             self.classic_execute_timeout_s)
+
+    def grpc_limits(self) -> GrpcLimits:
+        return GrpcLimits(self.grpc_max_message_bytes, self.grpc_max_concurrent_rpcs, self.grpc_max_stream_inflight)
 
 
 def _csv(value: str) -> list[str]:

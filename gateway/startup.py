@@ -110,7 +110,7 @@ async def _start_grpc(state: AppState) -> Any:
         return None
     from gateway.kserve.grpc import start_grpc_server
 
-    return await start_grpc_server(state.classic, state.llm, s.host, s.grpc_port, state.security)
+    return await start_grpc_server(state.classic, state.llm, s.host, s.grpc_port, s.grpc_limits(), state.security)
 
 
 def _announce_access(state: AppState) -> None:

@@ -37,9 +37,9 @@ class QueuePolicy:
             raise ValueError("max_queue_size and default_timeout_us must be >= 0")
 
     @classmethod
-    def from_proto(cls, policy: ModelQueuePolicy) -> QueuePolicy:
+    def from_proto(cls, policy: ModelQueuePolicy, default_max_queue_size: int = 0) -> QueuePolicy:
         return cls(
-            max_queue_size=policy.max_queue_size,
+            max_queue_size=policy.max_queue_size or default_max_queue_size,
             default_timeout_us=policy.default_timeout_microseconds,
             allow_timeout_override=policy.allow_timeout_override,
             reject_on_timeout=policy.timeout_action == QUEUE_POLICY_REJECT,
@@ -72,9 +72,11 @@ class BatcherConfig:
             raise ValueError("default_priority_level must be in [1, priority_levels]")
 
     @classmethod
-    def from_model_config(cls, config: ModelConfig) -> BatcherConfig:
+    def from_model_config(cls, config: ModelConfig, default_max_queue_size: int = 0) -> BatcherConfig:
+        """The batcher of `config`; a queue policy without max_queue_size gets `default_max_queue_size`."""
         if not config.HasField("dynamic_batching"):
-            return cls(max_batch_size=config.max_batch_size)
+            return cls(max_batch_size=config.max_batch_size,
+                       default_policy=QueuePolicy(max_queue_size=default_max_queue_size))
         db = config.dynamic_batching
         levels = max(1, db.priority_levels)
         return cls(
@@ -84,8 +86,9 @@ class BatcherConfig:
             max_queue_delay_us=db.max_queue_delay_microseconds,
             priority_levels=levels,
             default_priority_level=db.default_priority_level or (levels + 1) // 2 if db.priority_levels else 1,
-            default_policy=QueuePolicy.from_proto(db.default_queue_policy),
-            level_policies={int(k): QueuePolicy.from_proto(v) for k, v in db.priority_queue_policy.items()},
+            default_policy=QueuePolicy.from_proto(db.default_queue_policy, default_max_queue_size),
+            level_policies={int(k): QueuePolicy.from_proto(v, default_max_queue_size)
+                            for k, v in db.priority_queue_policy.items()},
         )
 
     def policy(self, level: int) -> QueuePolicy:

@@ -13,6 +13,7 @@ from google.protobuf import json_format, text_format
 
 from engines.classic.dtypes import WIRE_TYPES, config_to_wire
 from engines.classic.errors import ConfigError
+from engines.classic.limits import check_parameters
 from engines.classic.proto import TYPE_INVALID, ModelConfig, ModelTensor, data_type_name, new_model_config
 
 # Triton platform names that select one of our backends.
@@ -100,6 +101,7 @@ def validate(config: ModelConfig, source: str) -> None:
                 raise ConfigError(f"{source}: field '{kind}': duplicate tensor name '{tensor.name}'")
             seen.add(tensor.name)
     _validate_batcher(config, source)
+    check_parameters(config, source)
     for i, group in enumerate(config.instance_group):
         if group.count < 0:
             raise ConfigError(f"{source}: field 'instance_group[{i}].count': must be >= 0, got {group.count}")

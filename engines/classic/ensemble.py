@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from engines.classic.errors import Code, ConfigError, InferError
+from engines.classic.names import check_model_name
 from engines.classic.proto import EnsembleStep, ModelConfig
 from engines.classic.request import InferRequest
 
@@ -27,6 +28,10 @@ def validate_ensemble(config: ModelConfig, source: str) -> None:
     for i, step in enumerate(steps):
         if not step.model_name:
             raise ConfigError(f"{source}: field 'ensemble_scheduling.step[{i}].model_name': missing")
+        try:  # a step's model is loaded from repo/<model_name>: it must not name a directory elsewhere
+            check_model_name(step.model_name)
+        except InferError as exc:
+            raise ConfigError(f"{source}: field 'ensemble_scheduling.step[{i}].model_name': {exc.message}") from None
         for out in step.output_map.values():
             if out in produced or out in available:
                 raise ConfigError(f"{source}: field 'ensemble_scheduling.step[{i}].output_map': tensor '{out}' "

@@ -2,14 +2,45 @@
 
 from __future__ import annotations
 
+import asyncio
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from engines.classic import repository as repo
-from engines.classic.config import load_config, normalise, validate
+from engines.classic import uploads
+from engines.classic.config import load_config, normalise, parse_json, validate
 from engines.classic.ensemble import validate_ensemble
+from engines.classic.errors import ConfigError, invalid
+from engines.classic.limits import ClassicLimits
 from engines.classic.model import ModelVersion
 from engines.classic.proto import ModelConfig
+
+
+@dataclass(slots=True)
+class ModelEntry:
+    name: str
+    state: str = "UNAVAILABLE"  # READY | UNAVAILABLE | LOADING | UNLOADING
+    reason: str = ""
+    config: ModelConfig | None = None
+    versions: dict[str, ModelVersion] = field(default_factory=dict)
+    fingerprint: tuple[tuple[str, int, int], ...] = ()
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+
+def parse_override(name: str, model_dir: Path, config_json: str | bytes | None,
+                   files: dict[str, bytes] | None) -> ModelConfig | None:
+    """A load request's config, parsed and validated, and its file paths checked: all before any write."""
+    if files:
+        if config_json is None:
+            raise invalid(f"failed to load '{name}': a 'config' parameter must accompany 'file:' parameters")
+        uploads.check_paths(files)
+    if config_json is None:
+        return None
+    try:
+        return read_config(model_dir, parse_json(config_json, f"load request for '{name}' (config parameter)"))
+    except ConfigError as exc:
+        raise invalid(str(exc)) from None
 
 
 def read_config(model_dir: Path, override: ModelConfig | None) -> ModelConfig:
@@ -29,7 +60,8 @@ def read_config(model_dir: Path, override: ModelConfig | None) -> ModelConfig:
     return config
 
 
-async def load_versions(config: ModelConfig, model_dir: Path, host: Any) -> dict[str, ModelVersion]:
+async def load_versions(config: ModelConfig, model_dir: Path, host: Any,
+                        limits: ClassicLimits) -> dict[str, ModelVersion]:
     """Every version the config's policy selects, by version string; all or none.
 
     `host` serves BLS calls and ensemble steps. On failure the versions already loaded
@@ -38,7 +70,7 @@ async def load_versions(config: ModelConfig, model_dir: Path, host: Any) -> dict
     loaded: dict[str, ModelVersion] = {}
     try:
         for v in repo.select_versions(config, model_dir):
-            loaded[str(v)] = await ModelVersion.load(config, model_dir / str(v), host)
+            loaded[str(v)] = await ModelVersion.load(config, model_dir / str(v), host, limits)
     except BaseException:
         for mv in loaded.values():
             await mv.close()

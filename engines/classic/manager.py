@@ -12,7 +12,9 @@ Entry points used by the gateway (and by BLS calls and ensembles):
   latest ready version. Raises `InferError` whose `.kind` maps to the protocol
   status (NOT_FOUND, INVALID_ARG, UNAVAILABLE for a full queue or a timeout...).
 - Repository extension: `repository_index()`, `await load(name, config_json,
-  files)`, `await unload(name)`, allowed in "explicit" control mode.
+  files)`, `await unload(name)`, allowed in "explicit" control mode; `files`
+  (code the client sent) only with `allow_uploads`.
+- Every entry point refuses a name that is not a plain model name (`names.py`).
 - `llm_model_configs()`: models with backend "llm", served by the LLM path.
 """
 
@@ -22,40 +24,32 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Iterable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from engines.classic import repository as repo
-from engines.classic.config import parse_json
+from engines.classic import uploads
 from engines.classic.ensemble import step_models
-from engines.classic.errors import ConfigError, InferError, invalid, not_found, unavailable
-from engines.classic.loading import load_versions, read_config
+from engines.classic.errors import Code, ConfigError, InferError, invalid, not_found, unavailable
+from engines.classic.limits import ClassicLimits
+from engines.classic.loading import ModelEntry, load_versions, parse_override, read_config
 from engines.classic.model import ModelVersion
+from engines.classic.names import check_model_name
 from engines.classic.proto import ModelConfig
 from engines.classic.request import InferRequest
 from engines.classic.stats import StatsSnapshot
+from engines.classic.tasks import supervise
 
 log = logging.getLogger("sluice.classic")
 CONTROL_MODES = ("none", "explicit", "poll")
 
 
-@dataclass(slots=True)
-class ModelEntry:
-    name: str
-    state: str = "UNAVAILABLE"  # READY | UNAVAILABLE | LOADING | UNLOADING
-    reason: str = ""
-    config: ModelConfig | None = None
-    versions: dict[str, ModelVersion] = field(default_factory=dict)
-    fingerprint: tuple[tuple[str, int, int], ...] = ()
-    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
-
-
 class ModelRepositoryManager:
     def __init__(self, repo_dir: Path, control_mode: str = "none", startup_models: Iterable[str] = (),
-                 poll_interval_s: float = 15.0) -> None:
+                 poll_interval_s: float = 15.0, limits: ClassicLimits | None = None,
+                 allow_uploads: bool = False) -> None:
         if control_mode not in CONTROL_MODES:
             raise ValueError(f"control_mode must be one of {CONTROL_MODES}, got '{control_mode}'")
         if poll_interval_s <= 0:
@@ -64,6 +58,10 @@ class ModelRepositoryManager:
         self.control_mode = control_mode
         self.startup_models = list(startup_models)
         self.poll_interval_s = poll_interval_s
+        self.limits = limits or ClassicLimits()
+        # A load's `file:` parameters are code the client sent, run at load: only when the operator opts in.
+        self.allow_uploads = allow_uploads
+        self._uploading = asyncio.Lock()  # one upload (stage, load, commit or roll back) at a time
         self.loop: asyncio.AbstractEventLoop | None = None  # BLS calls from worker threads land here
         self._models: dict[str, ModelEntry] = {}
         self._llm: dict[str, ModelConfig] = {}
@@ -79,7 +77,8 @@ class ModelRepositoryManager:
             names = list(repo.model_dirs(self.repo_dir))
         await self._load_many(names)
         if self.control_mode == "poll":
-            self._poller = self.loop.create_task(self._poll_forever(), name="sluice-repo-poll")
+            self._poller = self.loop.create_task(supervise("repository poller", self._poll_forever),
+                                                 name="sluice-repo-poll")
         self._ready = True
 
     async def stop(self) -> None:
@@ -103,8 +102,8 @@ class ModelRepositoryManager:
         return await model.infer(request)
 
     def get_version(self, name: str, version: str | int | None = None) -> ModelVersion:
-        """The ready ModelVersion for (name, version); raises InferError NOT_FOUND / UNAVAILABLE."""
-        entry = self._models.get(name)
+        """The ready ModelVersion for (name, version); raises InferError NOT_FOUND / UNAVAILABLE / INVALID_ARG."""
+        entry = self._models.get(check_model_name(name))
         if entry is None:
             if name in self._llm:
                 raise invalid(f"model '{name}' is an LLM; use the generate endpoints")
@@ -168,28 +167,36 @@ class ModelRepositoryManager:
     # ---- repository extension --------------------------------------------------------------
     async def load(self, name: str, config_json: str | bytes | None = None,
                    files: dict[str, bytes] | None = None) -> None:
-        """Load or reload a model; raises InferError with the reason when it fails."""
+        """Load or reload a model; raises InferError with the reason when it fails.
+
+        The override config is parsed and validated before anything is written; sent
+        files are written as one change that a failed load rolls back (`uploads.py`).
+        """
+        check_model_name(name)
         self._require_explicit("load")
+        if files and not self.allow_uploads:
+            raise InferError(f"failed to load '{name}': model file uploads ('file:' parameters) are disabled on "
+                             "this server (start it with --allow-model-uploads)", Code.PERMISSION_DENIED)
         model_dir = self.repo_dir / name
-        if files:
-            if config_json is None:
-                raise invalid(f"failed to load '{name}': a 'config' parameter must accompany 'file:' parameters")
-            model_dir.mkdir(parents=True, exist_ok=True)
-            repo.write_model_files(model_dir, files)
-        if not model_dir.is_dir():
-            raise not_found(f"failed to load '{name}': no model directory '{name}' in the repository")
-        override = None
-        if config_json is not None:
-            try:
-                override = parse_json(config_json, f"load request for '{name}' (config parameter)")
-            except ConfigError as exc:
-                raise invalid(str(exc)) from None
-        await self._load_one(name, override, visiting=set())
-        entry = self._models.get(name)
-        if name not in self._llm and (entry is None or entry.state != "READY"):
-            raise invalid(f"failed to load '{name}': {entry.reason if entry else 'unknown error'}")
+        override = parse_override(name, model_dir, config_json, files)
+        if not files:
+            if not model_dir.is_dir():
+                raise not_found(f"failed to load '{name}': no model directory '{name}' in the repository")
+            error = await self._load_one(name, override, visiting=set())
+        else:
+            async with self._uploading:
+                staged = await asyncio.to_thread(uploads.replace_files, model_dir, files)
+                try:
+                    error = await self._load_one(name, override, visiting=set())
+                except BaseException:
+                    await asyncio.to_thread(staged.rollback)
+                    raise
+                await asyncio.to_thread(staged.commit if error is None else staged.rollback)
+        if error is not None:
+            raise invalid(f"failed to load '{name}': {error}")
 
     async def unload(self, name: str) -> None:
+        check_model_name(name)
         self._require_explicit("unload")
         if name in self._llm:
             del self._llm[name]
@@ -214,8 +221,12 @@ class ModelRepositoryManager:
                 continue  # already loaded as an ensemble's dependency
             await self._load_one(name, None, visiting=set())
 
-    async def _load_one(self, name: str, override: ModelConfig | None, visiting: set[str]) -> None:
-        """Load every selected version of `name`; on failure the entry is UNAVAILABLE with a reason."""
+    async def _load_one(self, name: str, override: ModelConfig | None, visiting: set[str]) -> str | None:
+        """Load every selected version of `name`; returns why it failed, or None.
+
+        A model that fails and had no version serving is UNAVAILABLE with the reason;
+        a failed reload leaves the versions that serve in place, as Triton does.
+        """
         if name in visiting:
             raise ConfigError(f"model '{name}': ensemble dependency cycle")
         visiting.add(name)
@@ -227,22 +238,29 @@ class ModelRepositoryManager:
                 if config.backend == "llm":
                     self._llm[name] = config
                     self._models.pop(name, None)
-                    return
+                    return None
                 if config.backend == "ensemble":
                     await self._load_dependencies(config, visiting)
-                loaded = await load_versions(config, model_dir, self)
+                loaded = await load_versions(config, model_dir, self, self.limits)
             except ConfigError as exc:
-                log.warning("model %s failed to load: %s", name, exc)
-                await self._close_versions(entry)
-                entry.state, entry.reason, entry.config = "UNAVAILABLE", str(exc), None
-                entry.fingerprint = repo.fingerprint(model_dir) if model_dir.is_dir() else ()
-                return
+                self._failed(entry, model_dir, str(exc))
+                return str(exc)
             old = entry.versions
             entry.versions, entry.config, entry.state, entry.reason = loaded, config, "READY", ""
             entry.fingerprint = repo.fingerprint(model_dir)
             for mv in old.values():  # in-flight requests on old versions finish first
                 await mv.close()
             log.info("model %s loaded, versions %s", name, sorted(loaded, key=int))
+            return None
+
+    def _failed(self, entry: ModelEntry, model_dir: Path, reason: str) -> None:
+        # Remember the files that failed, so poll mode retries only once they change.
+        entry.fingerprint = repo.fingerprint(model_dir) if model_dir.is_dir() else ()
+        if entry.state == "READY" and entry.versions:
+            log.warning("model %s failed to reload, the loaded versions keep serving: %s", entry.name, reason)
+            return
+        log.warning("model %s failed to load: %s", entry.name, reason)
+        entry.state, entry.reason, entry.config = "UNAVAILABLE", reason, None
 
     async def _load_dependencies(self, config: ModelConfig, visiting: set[str]) -> None:
         for dep in step_models(config):
@@ -264,12 +282,9 @@ class ModelRepositoryManager:
 
     # ---- poll mode -------------------------------------------------------------------------
     async def _poll_forever(self) -> None:
-        while True:
+        while True:  # a failing poll is logged and the loop restarted by `supervise`
             await asyncio.sleep(self.poll_interval_s)
-            try:
-                await self.poll_once()
-            except Exception:  # keep polling; a broken model is reported in its entry
-                log.exception("repository poll failed")
+            await self.poll_once()
 
     async def poll_once(self) -> None:
         """Load new or changed models, unload removed ones."""

@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
-import asyncio
 import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from engines.classic.backends import create_instance
+from engines.classic.backends import Backend, create_instance
 from engines.classic.ensemble import EnsembleRunner
 from engines.classic.errors import InferError
+from engines.classic.instances import InstancePool
+from engines.classic.limits import ClassicLimits, execute_timeout_s, isolation
 from engines.classic.proto import ModelConfig
 from engines.classic.request import InferRequest, validate_request
 from engines.classic.scheduler import Scheduler
@@ -27,38 +28,43 @@ def instance_count(config: ModelConfig) -> int:
 
 class ModelVersion:
     def __init__(self, config: ModelConfig, version: str, scheduler: Scheduler | None,
-                 ensemble: EnsembleRunner | None, stats: ModelStats) -> None:
+                 ensemble: EnsembleRunner | None, stats: ModelStats, limits: ClassicLimits) -> None:
         self.config = config
         self.version = version
         self.stats = stats
+        self._limits = limits
         self._scheduler = scheduler
         self._ensemble = ensemble
 
     @classmethod
-    async def load(cls, config: ModelConfig, version_dir: Path, host: Any) -> ModelVersion:
-        """Create instances on worker threads (loading can be slow) and start the scheduler.
+    async def load(cls, config: ModelConfig, version_dir: Path, host: Any, limits: ClassicLimits) -> ModelVersion:
+        """Create instances, each on its own thread (loading can be slow), and start the scheduler.
 
         Raises ConfigError when a model file is missing or does not match the config.
         """
         stats = ModelStats(config.name, version_dir.name)
         if config.backend == "ensemble":
-            return cls(config, version_dir.name, None, EnsembleRunner(config, host), stats)
-        loop = asyncio.get_running_loop()
-        instances = []
-        try:
-            for index in range(instance_count(config)):
-                instances.append(await loop.run_in_executor(None, create_instance, config, version_dir, index, host))
-        except BaseException:
-            for inst in instances:
-                inst.close()
-            raise
-        scheduler = Scheduler(config, instances, stats)
+            return cls(config, version_dir.name, None, EnsembleRunner(config, host), stats, limits)
+        source = str(version_dir.parent / "config.pbtxt")
+        limit_s = execute_timeout_s(config, limits, source)
+        isolated = isolation(config, source) == "process"
+
+        def factory(index: int) -> Backend:
+            return create_instance(config, version_dir, index, host, limit_s if isolated else None)
+
+        pool = InstancePool(config.name, factory, limit_s, on_change=lambda: None)
+        await pool.start(instance_count(config))
+        scheduler = Scheduler(config, pool, stats, limits.max_queue_size)
         scheduler.start()
-        return cls(config, version_dir.name, scheduler, None, stats)
+        return cls(config, version_dir.name, scheduler, None, stats, limits)
+
+    @property
+    def scheduler(self) -> Scheduler | None:
+        return self._scheduler
 
     async def infer(self, request: InferRequest) -> dict[str, np.ndarray]:
         try:
-            validate_request(self.config, request)
+            validate_request(self.config, request, self._limits.max_tensor_elements)
         except InferError:
             self.stats.request_started()
             self.stats.request_done(False, 0)

@@ -1,11 +1,11 @@
-"""The on-disk model repository: model directories, version selection, change detection, uploads."""
+"""The on-disk model repository: model directories, version selection, change detection."""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
 
-from engines.classic.errors import ConfigError, invalid
+from engines.classic.errors import ConfigError
 from engines.classic.proto import ModelConfig
 
 
@@ -59,16 +59,3 @@ def fingerprint(model_dir: Path) -> tuple[tuple[str, int, int], ...]:
             entries.append((str(path.relative_to(model_dir)), st.st_mtime_ns, st.st_size))
     return tuple(sorted(entries))
 
-
-def write_model_files(model_dir: Path, files: dict[str, bytes]) -> None:
-    """Write `file:<relpath>` load parameters, refusing any path outside `model_dir`."""
-    root = model_dir.resolve()
-    targets = {}
-    for rel, content in files.items():
-        target = (root / rel).resolve()
-        if not rel or os.path.isabs(rel) or not target.is_relative_to(root) or target == root:
-            raise invalid(f"file parameter 'file:{rel}' must name a path inside the model directory")
-        targets[target] = content
-    for target, content in targets.items():
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_bytes(content)

@@ -11,6 +11,7 @@ import numpy as np
 from engines.classic.config import tensor_wire_type
 from engines.classic.dtypes import as_bytes_array, numpy_to_wire
 from engines.classic.errors import invalid
+from engines.classic.limits import check_priority, check_timeout, element_count
 from engines.classic.proto import ModelConfig, ModelInput
 
 
@@ -34,13 +35,15 @@ class InferRequest:
     batch_key: Hashable = ()
 
 
-def validate_request(config: ModelConfig, request: InferRequest) -> None:
-    """Check names, dtypes and shapes against the config; set batch_size and batch_key.
+def validate_request(config: ModelConfig, request: InferRequest, max_elements: int) -> None:
+    """Check parameters, names, dtypes and shapes against the config; set batch_size and batch_key.
 
     Raises InferError(INVALID_ARG) with Triton-style messages. BYTES inputs given
     as str/bytes arrays are normalised to object arrays of bytes in place.
     """
     name = config.name
+    check_priority(config, request.priority)
+    check_timeout(request.timeout_us)
     declared = {t.name: t for t in config.input}
     for input_name in request.inputs:
         if input_name not in declared:
@@ -53,6 +56,7 @@ def validate_request(config: ModelConfig, request: InferRequest) -> None:
     key: list[tuple[str, tuple[int, ...]]] = []
     for input_name, array in request.inputs.items():
         tensor = declared[input_name]
+        element_count(input_name, array.shape, max_elements)
         array = _check_dtype(name, tensor, array)
         request.inputs[input_name] = array
         _check_shape(config, tensor, array.shape)

@@ -1,31 +1,41 @@
 """The async driver of one model version's dynamic batcher.
 
-The pure decisions live in `batching.BatchQueue`; this module only moves
-requests between asyncio futures, the queue and the model instances:
+The pure decisions live in `batching.BatchQueue`, the instances in
+`instances.InstancePool`; this module only moves requests between asyncio
+futures, the queue and the instances:
 
-- `submit()` enqueues (or raises UNAVAILABLE when the queue is full) and awaits
+- `submit()` enqueues (or raises OVERLOADED when the queue is full) and awaits
   the result; cancelling the awaiting task drops the request if not yet running.
 - One driver task wakes on new work, on a freed instance, at the batcher's
   delay deadline and at the earliest queue timeout, so timed-out requests are
-  rejected even while every instance is busy.
-- Each instance runs on its own worker thread; a batch never blocks the loop.
+  rejected even while every instance is busy. It runs under `tasks.supervise`:
+  if it dies, the requests it held fail with INTERNAL and it restarts.
+- Each batch runs on its instance's own thread (never on the loop) and resolves
+  every one of its requests, whatever the backend does.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
 
-from engines.classic.backends.base import Backend
 from engines.classic.batching import BatcherConfig, BatchQueue, QueueFull
 from engines.classic.errors import Code, InferError, unavailable
+from engines.classic.instances import InstancePool, Result, Slot
 from engines.classic.proto import ModelConfig
 from engines.classic.request import InferRequest
 from engines.classic.stats import ModelStats
+from engines.classic.tasks import supervise
+from engines.classic.workers import describe
+
+# The driver re-checks its queue at least this often, whatever deadline a request carries.
+_MAX_WAIT_NS = 60 * 1_000_000_000
+# Unloading waits this long for running batches (a model without a time limit may never return);
+# a batch still running then finishes on its own, and its instance is closed after it, on its thread.
+_CLOSE_GRACE_S = 30.0
 
 
 @dataclass(slots=True)
@@ -36,28 +46,32 @@ class _Pending:
 
 
 class Scheduler:
-    def __init__(self, config: ModelConfig, instances: list[Backend], stats: ModelStats) -> None:
-        if not instances:
-            raise ValueError("a scheduler needs at least one model instance")
-        self._queue = BatchQueue(BatcherConfig.from_model_config(config))
-        self._instances = list(instances)
-        self._free = list(instances)
+    def __init__(self, config: ModelConfig, pool: InstancePool, stats: ModelStats,
+                 default_max_queue_size: int = 0) -> None:
+        self._name = config.name
+        self._queue = BatchQueue(BatcherConfig.from_model_config(config, default_max_queue_size))
+        self._pool = pool
         self._stats = stats
-        # One thread per instance: instances run truly concurrently, and a python
-        # model blocked in a BLS call cannot starve another model's threads.
-        self._executor = ThreadPoolExecutor(len(instances), thread_name_prefix=f"sluice-{config.name}")
         self._wake = asyncio.Event()
+        pool.on_change = self._wake.set
         self._driver: asyncio.Task[None] | None = None
         self._batches: set[asyncio.Task[None]] = set()
         self._closed = False
 
     def start(self) -> None:
-        self._driver = asyncio.get_running_loop().create_task(self._drive(), name="sluice-scheduler")
+        run = supervise(f"scheduler of model '{self._name}'", self._drive, self._crashed)
+        self._driver = asyncio.get_running_loop().create_task(run, name=f"sluice-scheduler-{self._name}")
+
+    @property
+    def queued(self) -> int:
+        return len(self._queue)
 
     async def submit(self, request: InferRequest) -> dict[str, np.ndarray]:
-        """Run one validated request; raises InferError (UNAVAILABLE for full queue / timeout)."""
+        """Run one validated request; raises InferError (OVERLOADED for a full queue, UNAVAILABLE...)."""
         if self._closed:
             raise unavailable(f"model '{request.model}' is unloading")
+        if not self._pool.usable:
+            raise unavailable(f"model '{request.model}' has no usable instance: {self._pool.reason}")
         now_ns = time.monotonic_ns()
         self._stats.request_started()
         future: asyncio.Future[dict[str, np.ndarray]] = asyncio.get_running_loop().create_future()
@@ -67,7 +81,7 @@ class Scheduler:
                              request.timeout_us, now_ns)
         except QueueFull as exc:
             self._stats.request_done(False, time.monotonic_ns() - now_ns)
-            raise unavailable(str(exc)) from None
+            raise InferError(str(exc), Code.OVERLOADED) from None
         self._wake.set()
         try:
             return await future
@@ -83,46 +97,60 @@ class Scheduler:
                 self._finish(entry.item, unavailable("Request timeout expired"), None)
             for entry in self._queue.remove(lambda e: e.item.future.done()):
                 self._finish(entry.item, None, None)  # cancelled by its client
+            if not self._pool.usable:
+                self._fail_queued(unavailable(f"model '{self._name}' has no usable instance: {self._pool.reason}"))
             wait_until = None
-            while self._free:
+            while self._pool.has_free:
                 decision = self._queue.form_batch(now_ns)
                 if not decision.entries:
                     wait_until = decision.wait_until_ns
                     break
-                self._launch(self._free.pop(), [e.item for e in decision.entries], now_ns)
-            deadlines = [d for d in (wait_until, self._queue.next_deadline_ns()) if d is not None]
-            timeout_s = max(0.0, (min(deadlines) - time.monotonic_ns()) / 1e9) if deadlines else None
-            try:
-                await asyncio.wait_for(self._wake.wait(), timeout_s)
-            except TimeoutError:
-                pass
+                slot = self._pool.take()
+                assert slot is not None  # has_free was just checked, with no await in between
+                self._launch(slot, [e.item for e in decision.entries], now_ns)
+            await self._sleep([d for d in (wait_until, self._queue.next_deadline_ns()) if d is not None])
 
-    def _launch(self, instance: Backend, items: list[_Pending], start_ns: int) -> None:
-        task = asyncio.get_running_loop().create_task(self._execute(instance, items, start_ns))
+    async def _sleep(self, deadlines_ns: list[int]) -> None:
+        """Wait for a wake-up or the earliest deadline (clamped: a deadline far away is not a float overflow)."""
+        timeout_s = None
+        if deadlines_ns:
+            wait_ns = min(max(0, min(deadlines_ns) - time.monotonic_ns()), _MAX_WAIT_NS)
+            timeout_s = wait_ns / 1e9
+        try:
+            await asyncio.wait_for(self._wake.wait(), timeout_s)
+        except TimeoutError:
+            pass
+
+    def _crashed(self, exc: BaseException) -> None:
+        """The driver died: what it held may be what killed it, so fail it rather than retry it."""
+        self._fail_queued(InferError(f"model '{self._name}': the scheduler failed ({describe(exc)}) and was "
+                                     "restarted; the request was dropped", Code.INTERNAL))
+
+    def _fail_queued(self, error: InferError) -> None:
+        for entry in self._queue.remove(lambda e: True):
+            self._finish(entry.item, error, None)
+
+    def _launch(self, slot: Slot, items: list[_Pending], start_ns: int) -> None:
+        task = asyncio.get_running_loop().create_task(self._execute(slot, items, start_ns))
         self._batches.add(task)
         task.add_done_callback(self._batches.discard)
 
-    async def _execute(self, instance: Backend, items: list[_Pending], start_ns: int) -> None:
+    async def _execute(self, slot: Slot, items: list[_Pending], start_ns: int) -> None:
         requests = [p.request for p in items]
-        loop = asyncio.get_running_loop()
         try:
-            results = await loop.run_in_executor(self._executor, instance.execute, requests)
-        except Exception as exc:  # the backend broke its contract; fail this batch only
-            results = [InferError(f"model '{requests[0].model}' failed: {exc}", Code.INTERNAL)] * len(items)
-        finally:
-            self._free.append(instance)
-            self._wake.set()
-        if len(results) != len(items):  # a request without its result would wait forever
-            results = [InferError(f"model '{requests[0].model}' returned {len(results)} results for "
-                                  f"{len(items)} requests", Code.INTERNAL)] * len(items)
-        t = instance.timings
-        self._stats.execution(sum(r.batch_size for r in requests), len(requests), t.input_ns, t.infer_ns,
-                              t.output_ns)
-        for pending, result in zip(items, results, strict=True):
-            self._finish(pending, result, start_ns - pending.arrival_ns)
+            outcome = await self._pool.run(slot, requests)
+            t = outcome.timings
+            self._stats.execution(sum(r.batch_size for r in requests), len(requests), t.input_ns, t.infer_ns,
+                                  t.output_ns)
+            for pending, result in zip(items, outcome.results, strict=True):
+                self._finish(pending, result, start_ns - pending.arrival_ns)
+        finally:  # whatever broke above, no request of this batch is left waiting
+            for pending in items:
+                if not pending.future.done():
+                    self._finish(pending, InferError(f"model '{self._name}': the batch was lost", Code.INTERNAL),
+                                 None)
 
-    def _finish(self, pending: _Pending, result: dict[str, np.ndarray] | InferError | None,
-                queue_ns: int | None) -> None:
+    def _finish(self, pending: _Pending, result: Result | None, queue_ns: int | None) -> None:
         ok = isinstance(result, dict) and not pending.future.done()
         self._stats.request_done(ok, time.monotonic_ns() - pending.arrival_ns, queue_ns)
         if pending.future.done() or result is None:
@@ -133,16 +161,12 @@ class Scheduler:
             pending.future.set_result(result)
 
     async def close(self) -> None:
-        """Reject queued requests, let running batches finish, then release the instances."""
+        """Reject queued requests, let running batches finish (within `_CLOSE_GRACE_S`), release instances."""
         self._closed = True
         if self._driver is not None:
             self._driver.cancel()
             await asyncio.gather(self._driver, return_exceptions=True)
-        for entry in self._queue.remove(lambda e: True):
-            self._finish(entry.item, unavailable("model is being unloaded"), None)
+        self._fail_queued(unavailable("model is being unloaded"))
         if self._batches:
-            await asyncio.gather(*self._batches, return_exceptions=True)
-        loop = asyncio.get_running_loop()
-        for instance in self._instances:
-            await loop.run_in_executor(self._executor, instance.close)
-        self._executor.shutdown(wait=False)
+            await asyncio.wait(list(self._batches), timeout=_CLOSE_GRACE_S)
+        await self._pool.close()

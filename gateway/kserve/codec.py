@@ -14,6 +14,9 @@ import numpy as np
 
 from engines.classic.dtypes import as_bytes_array, element_size, numpy_to_wire, wire_to_numpy
 from engines.classic.errors import invalid
+from engines.classic.limits import element_count
+
+_LENGTH = struct.Struct("<I")
 
 # numpy sizes arrays in int64 bytes (counting every non-zero dimension, even when another is 0):
 # a larger shape describes no array, and np.prod would silently wrap its element count.
@@ -21,16 +24,13 @@ _MAX_ELEMENTS = (2**63 - 1) // 8
 _MAX_DIMS = 64  # numpy's limit on ndim
 
 
-def check_shape(name: str, shape: Any) -> tuple[int, ...]:
+def check_shape(name: str, shape: Any, max_elements: int) -> tuple[int, ...]:
+    """The shape as a tuple, before anything is allocated for it: integers, none negative, and at most
+    `max_elements` elements (counted without int64 overflow)."""
     if not isinstance(shape, (list, tuple)) or not all(isinstance(d, int) and not isinstance(d, bool)
                                                        for d in shape):
         raise invalid(f"input '{name}': shape must be a list of integers")
-    if any(d < 0 for d in shape):
-        raise invalid(f"input '{name}': shape {list(shape)} has a negative dimension")
-    if len(shape) > _MAX_DIMS:
-        raise invalid(f"input '{name}': shape has {len(shape)} dimensions, at most {_MAX_DIMS} are supported")
-    if math.prod(d for d in shape if d) > _MAX_ELEMENTS:
-        raise invalid(f"input '{name}': shape {list(shape)} has more elements than a tensor can hold")
+    element_count(name, shape, max_elements)
     return tuple(shape)
 
 
@@ -42,9 +42,12 @@ def wire_dtype(name: str, datatype: Any) -> np.dtype:
 
 
 def from_raw(name: str, datatype: str, shape: tuple[int, ...], raw: bytes | memoryview) -> np.ndarray:
-    """Decode a raw little-endian buffer (or length-prefixed BYTES) into an array of `shape`."""
+    """Decode a raw little-endian buffer (or length-prefixed BYTES) into an array of `shape`.
+
+    `shape` has passed `check_shape`; the buffer's size is checked against it before any conversion.
+    """
     dtype = wire_dtype(name, datatype)
-    count = int(np.prod(shape, dtype=np.int64))
+    count = math.prod(shape)
     if datatype == "BYTES":
         return _bytes_from_raw(name, shape, count, raw)
     expected = count * element_size(datatype)
@@ -55,42 +58,42 @@ def from_raw(name: str, datatype: str, shape: tuple[int, ...], raw: bytes | memo
 
 
 def _bytes_from_raw(name: str, shape: tuple[int, ...], count: int, raw: bytes | memoryview) -> np.ndarray:
-    items: list[bytes] = []
+    # Each element takes at least its 4-byte length, so a payload too short for the shape is refused
+    # unread, and the loop runs at most `count` times whatever the payload's lengths say.
     view = memoryview(raw)
+    if 4 * count > len(view):
+        raise invalid(f"input '{name}': shape {list(shape)} needs {count} BYTES elements, at least {4 * count} "
+                      f"bytes; got {len(view)}")
+    out = np.empty(count, dtype=np.object_)
     offset = 0
-    while offset < len(view):
+    for i in range(count):
         if offset + 4 > len(view):
             raise invalid(f"input '{name}': truncated BYTES length prefix at offset {offset}")
-        (length,) = struct.unpack_from("<I", view, offset)
+        (length,) = _LENGTH.unpack_from(view, offset)
         offset += 4
         if offset + length > len(view):
             raise invalid(f"input '{name}': BYTES element of {length} bytes runs past the end of the data")
-        items.append(bytes(view[offset:offset + length]))
+        out[i] = bytes(view[offset:offset + length])
         offset += length
-    if len(items) != count:
-        raise invalid(f"input '{name}': got {len(items)} BYTES elements, shape {list(shape)} needs {count}")
-    out = np.empty(count, dtype=np.object_)
-    out[:] = items
+    if offset != len(view):
+        raise invalid(f"input '{name}': {len(view) - offset} bytes of BYTES data follow the {count} elements "
+                      f"shape {list(shape)} needs")
     return out.reshape(shape)
 
 
 def to_raw(array: np.ndarray) -> bytes:
     """Serialise an output array: little-endian values, or 4-byte length prefixes for BYTES."""
     if numpy_to_wire(array.dtype) == "BYTES":
-        parts = []
-        for item in as_bytes_array(array).flat:
-            parts.append(struct.pack("<I", len(item)))
-            parts.append(item)
-        return b"".join(parts)
+        return b"".join(_LENGTH.pack(len(item)) + item for item in as_bytes_array(array).flat)
     if array.dtype.byteorder == ">":
         array = array.astype(array.dtype.newbyteorder("<"))
     return np.ascontiguousarray(array).tobytes()
 
 
 def from_json_data(name: str, datatype: str, shape: tuple[int, ...], data: Any) -> np.ndarray:
-    """Decode JSON `data` (flat or nested, row-major) into an array of `shape`."""
+    """Decode JSON `data` (flat or nested, row-major) into an array of `shape` (checked by `check_shape`)."""
     dtype = wire_dtype(name, datatype)
-    count = int(np.prod(shape, dtype=np.int64))
+    count = math.prod(shape)
     flat = _flatten(name, data)
     if len(flat) != count:
         raise invalid(f"input '{name}': got {len(flat)} elements, shape {list(shape)} needs {count}")

@@ -1,12 +1,17 @@
 """KServe v2 over gRPC (grpc.aio), on tritonclient's generated GRPCInferenceService stubs.
 
-`start_grpc_server(manager, llm_service, host, port)` returns a started server;
-the caller stops it. Errors abort the call with the gRPC code matching Triton's
-(INVALID_ARGUMENT, NOT_FOUND, UNAVAILABLE, INTERNAL). For LLM models,
-ModelInfer/ModelStreamInfer take a BYTES `text_input` and answer `text_output`
-(the stream sends one response per delta). With a `Security`, every call passes
-its access interceptor first (`gateway.security.grpc`), and each request on a
-ModelStreamInfer stream counts against its key's requests per minute.
+`start_grpc_server(manager, llm_service, host, port, limits)` returns a started
+server; the caller stops it. Errors abort the call with the gRPC code matching
+Triton's (INVALID_ARGUMENT, NOT_FOUND, UNAVAILABLE, INTERNAL, RESOURCE_EXHAUSTED).
+For LLM models, ModelInfer/ModelStreamInfer take a BYTES `text_input` and answer
+`text_output` (the stream sends one response per delta). With a `Security`, every
+call passes its access interceptor first (`gateway.security.grpc`), and each request
+on a ModelStreamInfer stream counts against its key's requests per minute.
+
+Bounds (`GrpcLimits`): the message size each way, the RPCs in progress at once
+(beyond it gRPC answers RESOURCE_EXHAUSTED), and the requests of one
+ModelStreamInfer stream in flight: past that the stream stops reading, so gRPC flow
+control holds the client back; a stream's answers wait in a queue of the same bound.
 """
 
 from __future__ import annotations
@@ -23,9 +28,11 @@ from tritonclient.grpc import service_pb2_grpc
 
 from engines.classic.errors import Code, InferError, invalid
 from engines.classic.manager import ModelRepositoryManager
+from engines.classic.names import check_model_name
 from engines.errors import SluiceError
 from gateway.kserve import generate, grpc_infer, views
 from gateway.kserve.errors import grpc_status
+from gateway.limits import GrpcLimits
 from gateway.llm.dispatch import Dispatch
 from gateway.llm.service import LLMService
 from gateway.security.access import current_key_id
@@ -34,7 +41,6 @@ from gateway.security.guard import Security
 from gateway.security.quotas import QuotaService
 
 log = logging.getLogger("sluice.kserve.grpc")
-MAX_MESSAGE_BYTES = 256 * 1024 * 1024
 
 
 async def _abort(context: grpc.aio.ServicerContext, exc: SluiceError) -> None:
@@ -43,9 +49,10 @@ async def _abort(context: grpc.aio.ServicerContext, exc: SluiceError) -> None:
 
 class KServeServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: ignore[misc]
     def __init__(self, manager: ModelRepositoryManager, llm_service: LLMService,
-                 quotas: QuotaService | None = None) -> None:
+                 limits: GrpcLimits | None = None, quotas: QuotaService | None = None) -> None:
         self.m = manager
         self.llm = llm_service
+        self.limits = limits or GrpcLimits()
         self.quotas = quotas
 
     async def _guard(self, context: grpc.aio.ServicerContext, fn: Any, *args: Any) -> Any:
@@ -64,7 +71,9 @@ class KServeServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: ig
         return pb.ServerReadyResponse(ready=self.m.ready())
 
     async def ModelReady(self, request: pb.ModelReadyRequest, context: Any) -> pb.ModelReadyResponse:
-        return pb.ModelReadyResponse(ready=views.model_ready(self.m, self.llm, request.name, request.version))
+        async def run() -> pb.ModelReadyResponse:
+            return pb.ModelReadyResponse(ready=views.model_ready(self.m, self.llm, request.name, request.version))
+        return await self._guard(context, run)
 
     async def ServerMetadata(self, request: Any, context: Any) -> pb.ServerMetadataResponse:
         return views.server_metadata()
@@ -102,13 +111,13 @@ class KServeServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: ig
                     if not isinstance(value, bytes):
                         raise invalid(f"parameter '{key}' must be a bytes_param")
                     files[key[5:]] = value
-            await self.m.load(request.model_name, config, files)
+            await self.m.load(check_model_name(request.model_name), config, files)
             return pb.RepositoryModelLoadResponse()
         return await self._guard(context, run)
 
     async def RepositoryModelUnload(self, request: pb.RepositoryModelUnloadRequest, context: Any) -> Any:
         async def run() -> pb.RepositoryModelUnloadResponse:
-            await self.m.unload(request.model_name)
+            await self.m.unload(check_model_name(request.model_name))
             return pb.RepositoryModelUnloadResponse()
         return await self._guard(context, run)
 
@@ -116,20 +125,20 @@ class KServeServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: ig
         return await self._guard(context, self._infer, request)
 
     async def _infer(self, request: pb.ModelInferRequest) -> pb.ModelInferResponse:
-        if views.is_llm(self.m, self.llm, request.model_name):
+        if views.is_llm(self.m, self.llm, check_model_name(request.model_name)):
             return await self._llm_text(request)
         params = {k: grpc_infer.param_value(v) for k, v in request.parameters.items()}
         priority = views.int_param(params, "priority")
         timeout_us = views.int_param(params, "timeout")
         extra = {k: v for k, v in params.items() if k not in ("priority", "timeout")}
-        inputs = grpc_infer.decode_inputs(request)
+        inputs = grpc_infer.decode_inputs(request, self.m.limits.max_tensor_elements)
         model = self.m.get_version(request.model_name, request.model_version or None)
         outputs = await self.m.infer(request.model_name, model.version, inputs, grpc_infer.requested_outputs(request),
                                      priority, timeout_us, extra, request.id)
         return grpc_infer.encode_response(request.model_name, model.version, request.id, outputs)
 
     async def _llm_start(self, request: pb.ModelInferRequest) -> Dispatch:
-        inputs = grpc_infer.decode_inputs(request)
+        inputs = grpc_infer.decode_inputs(request, self.m.limits.max_tensor_elements)
         prompt = inputs.get("text_input")
         if prompt is None or prompt.size != 1:
             raise invalid("LLM models take one BYTES 'text_input'")
@@ -153,29 +162,27 @@ class KServeServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: ig
 
     async def ModelStreamInfer(self, request_iterator: AsyncIterator[pb.ModelInferRequest],
                                context: Any) -> AsyncIterator[pb.ModelStreamInferResponse]:
-        """Requests on one stream run concurrently; each answer (or error) carries its request id."""
-        queue: asyncio.Queue[pb.ModelStreamInferResponse | None] = asyncio.Queue()
+        """Requests on one stream run concurrently, at most `max_stream_inflight` (counting those whose answers
+        wait to be sent): the stream reads the next request only when one finishes. Each answer (or error)
+        carries its request id."""
+        bound = self.limits.max_stream_inflight
+        queue: asyncio.Queue[pb.ModelStreamInferResponse | None] = asyncio.Queue(maxsize=bound)
+        slots = asyncio.Semaphore(bound)
         tasks: set[asyncio.Task[None]] = set()
 
         async def one(request: pb.ModelInferRequest) -> None:
             try:
-                key_id = current_key_id.get()
-                if self.quotas is not None and key_id is not None:
-                    lease = await self.quotas.admit(key_id, hold=False)  # the stream holds the slot
-                    self.quotas.finish(lease)
-                if views.is_llm(self.m, self.llm, request.model_name):
-                    await self._stream_llm(request, queue)
-                else:
-                    await queue.put(pb.ModelStreamInferResponse(infer_response=await self._infer(request)))
-            except SluiceError as exc:
-                await queue.put(pb.ModelStreamInferResponse(error_message=exc.message,
-                                                            infer_response=pb.ModelInferResponse(id=request.id)))
-            except Exception as exc:
-                log.exception("stream request failed")
-                await queue.put(pb.ModelStreamInferResponse(error_message=f"internal error: {exc}"))
+                await self._stream_one(request, queue)
+            finally:
+                slots.release()
 
         async def reader() -> None:
-            async for request in request_iterator:
+            requests = aiter(request_iterator)
+            while True:
+                await slots.acquire()
+                request = await anext(requests, None)
+                if request is None:
+                    break
                 task = asyncio.create_task(one(request))
                 tasks.add(task)
                 task.add_done_callback(tasks.discard)
@@ -192,6 +199,24 @@ class KServeServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: ig
             for task in list(tasks):
                 task.cancel()
 
+    async def _stream_one(self, request: pb.ModelInferRequest, queue: asyncio.Queue[Any]) -> None:
+        try:
+            key_id = current_key_id.get()
+            if self.quotas is not None and key_id is not None:
+                lease = await self.quotas.admit(key_id, hold=False)  # the stream holds the slot
+                self.quotas.finish(lease)
+            if views.is_llm(self.m, self.llm, check_model_name(request.model_name)):
+                await self._stream_llm(request, queue)
+            else:
+                await queue.put(pb.ModelStreamInferResponse(infer_response=await self._infer(request)))
+        except SluiceError as exc:
+            await queue.put(pb.ModelStreamInferResponse(error_message=exc.message,
+                                                        infer_response=pb.ModelInferResponse(id=request.id)))
+        except Exception as exc:
+            log.exception("stream request failed")
+            await queue.put(pb.ModelStreamInferResponse(error_message=f"internal error: {type(exc).__name__}",
+                                                        infer_response=pb.ModelInferResponse(id=request.id)))
+
     async def _stream_llm(self, request: pb.ModelInferRequest, queue: asyncio.Queue[Any]) -> None:
         d = await self._llm_start(request)
         try:
@@ -203,13 +228,16 @@ class KServeServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: ig
 
 
 async def start_grpc_server(manager: ModelRepositoryManager, llm_service: LLMService, host: str, port: int,
-                            security: Security | None = None) -> grpc.aio.Server:
+                            limits: GrpcLimits | None = None, security: Security | None = None
+                            ) -> grpc.aio.Server:
     """Create, bind and start the KServe gRPC server; raises RuntimeError if the port cannot be bound."""
+    limits = limits or GrpcLimits()
     interceptors = [AccessInterceptor(security, grpc_status)] if security is not None else []
     server = grpc.aio.server(interceptors=interceptors,
-                             options=[("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-                                      ("grpc.max_send_message_length", MAX_MESSAGE_BYTES)])
-    servicer = KServeServicer(manager, llm_service, security.quotas if security is not None else None)
+                             options=[("grpc.max_receive_message_length", limits.max_message_bytes),
+                                      ("grpc.max_send_message_length", limits.max_message_bytes)],
+                             maximum_concurrent_rpcs=limits.max_concurrent_rpcs)
+    servicer = KServeServicer(manager, llm_service, limits, security.quotas if security is not None else None)
     service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, server)
     if server.add_insecure_port(f"{host}:{port}") == 0:
         raise RuntimeError(f"cannot bind the gRPC server to {host}:{port}")

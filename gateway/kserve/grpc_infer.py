@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -24,7 +25,9 @@ def param_value(p: pb.InferParameter) -> Any:
     return getattr(p, which) if which else None
 
 
-def decode_inputs(request: pb.ModelInferRequest) -> dict[str, np.ndarray]:
+def decode_inputs(request: pb.ModelInferRequest, max_elements: int) -> dict[str, np.ndarray]:
+    """Numpy inputs of a ModelInferRequest. Every tensor's shape is checked (at most `max_elements`)
+    and its payload's size compared with it before anything is converted."""
     raw = request.raw_input_contents
     if raw and len(raw) != len(request.inputs):
         raise invalid(f"expected {len(request.inputs)} raw_input_contents, got {len(raw)}")
@@ -33,25 +36,35 @@ def decode_inputs(request: pb.ModelInferRequest) -> dict[str, np.ndarray]:
         name = tensor.name
         if name in inputs:
             raise invalid(f"input '{name}' appears more than once")
-        shape = codec.check_shape(name, list(tensor.shape))
-        dtype = codec.wire_dtype(name, tensor.datatype)
+        shape = codec.check_shape(name, list(tensor.shape), max_elements)
         if raw:
+            if tensor.HasField("contents"):
+                raise invalid(f"input '{name}': give its data in raw_input_contents or contents, not both")
             inputs[name] = codec.from_raw(name, tensor.datatype, shape, raw[i])
-            continue
-        field = _CONTENTS_FIELD.get(tensor.datatype)
-        if field is None:
-            raise invalid(f"input '{name}': {tensor.datatype} must be sent in raw_input_contents")
-        values = list(getattr(tensor.contents, field))
-        count = int(np.prod(shape, dtype=np.int64))
-        if len(values) != count:
-            raise invalid(f"input '{name}': got {len(values)} elements, shape {list(shape)} needs {count}")
-        if tensor.datatype == "BYTES":
-            array = np.empty(count, dtype=np.object_)
-            array[:] = values
         else:
-            array = np.array(values, dtype=dtype)
-        inputs[name] = array.reshape(shape)
+            inputs[name] = _from_contents(tensor, shape)
     return inputs
+
+
+def _from_contents(tensor: pb.ModelInferRequest.InferInputTensor, shape: tuple[int, ...]) -> np.ndarray:
+    name = tensor.name
+    dtype = codec.wire_dtype(name, tensor.datatype)
+    field = _CONTENTS_FIELD.get(tensor.datatype)
+    if field is None:
+        raise invalid(f"input '{name}': {tensor.datatype} must be sent in raw_input_contents")
+    values = getattr(tensor.contents, field)
+    count = math.prod(shape)
+    if len(values) != count:  # counted on the repeated field itself, before any conversion
+        raise invalid(f"input '{name}': got {len(values)} elements, shape {list(shape)} needs {count}")
+    if tensor.datatype == "BYTES":
+        array = np.empty(count, dtype=np.object_)
+        array[:] = list(values)
+    else:
+        try:
+            array = np.fromiter(values, dtype=dtype, count=count)
+        except (OverflowError, ValueError) as exc:
+            raise invalid(f"input '{name}': cannot convert contents to {tensor.datatype}: {exc}") from None
+    return array.reshape(shape)
 
 
 def requested_outputs(request: pb.ModelInferRequest) -> list[str] | None:

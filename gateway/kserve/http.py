@@ -19,6 +19,7 @@ from fastapi.responses import JSONResponse, Response
 
 from engines.classic.errors import Code, InferError, invalid
 from engines.classic.manager import ModelRepositoryManager
+from engines.classic.names import check_model_name
 from engines.errors import SluiceError
 from gateway.kserve import generate, views
 from gateway.kserve.errors import http_status, retry_headers
@@ -105,6 +106,7 @@ def _repository_routes(router: APIRouter, m: ModelRepositoryManager, llm: LLMSer
     @router.post("/v2/repository/models/{name}/load", dependencies=[Depends(require_admin)])
     async def load(name: str, request: Request) -> Response:
         async def run() -> Response:
+            check_model_name(name)
             params = (await read_json(request)).get("parameters") or {}
             if not isinstance(params, dict):
                 raise invalid("'parameters' must be a JSON object")
@@ -123,6 +125,7 @@ def _repository_routes(router: APIRouter, m: ModelRepositoryManager, llm: LLMSer
     @router.post("/v2/repository/models/{name}/unload", dependencies=[Depends(require_admin)])
     async def unload(name: str, request: Request) -> Response:
         async def run() -> Response:
+            check_model_name(name)
             await read_json(request)
             await m.unload(name)
             return Response(status_code=200)
@@ -140,7 +143,7 @@ def _model_routes(router: APIRouter, prefix: str, m: ModelRepositoryManager, llm
 
     @router.get(prefix + "/ready")
     async def model_ready(name: str, version: str = "") -> Response:
-        return Response(status_code=200 if views.model_ready(m, llm, name, version) else 400)
+        return await guarded(lambda: Response(status_code=200 if views.model_ready(m, llm, name, version) else 400))
 
     @router.get(prefix + "/config")
     async def config(name: str, version: str = "") -> Response:
@@ -153,10 +156,10 @@ def _model_routes(router: APIRouter, prefix: str, m: ModelRepositoryManager, llm
     @router.post(prefix + "/infer")
     async def infer(name: str, request: Request, version: str = "") -> Response:
         async def run() -> Response:
-            if views.is_llm(m, llm, name):
+            if views.is_llm(m, llm, check_model_name(name)):
                 raise invalid(f"model '{name}' is an LLM; use /v2/models/{name}/generate")
             body = await read_body(request)
-            req = decode_request(body, request.headers.get(HEADER_LENGTH))
+            req = decode_request(body, request.headers.get(HEADER_LENGTH), m.limits.max_tensor_elements)
             model = m.get_version(name, version or None)
             outputs = await m.infer(name, model.version, req.inputs, req.outputs, req.priority, req.timeout_us,
                                     req.parameters, req.request_id)
@@ -170,6 +173,7 @@ def _model_routes(router: APIRouter, prefix: str, m: ModelRepositoryManager, llm
     @router.post(prefix + "/generate")
     async def gen(name: str, request: Request, version: str = "") -> Response:
         async def run() -> Response:
+            check_model_name(name)
             return _json(await generate.generate_once(llm, name, version, await read_json(request),
                                                       key_id_of(request)))
         return await guarded(run)
@@ -177,5 +181,6 @@ def _model_routes(router: APIRouter, prefix: str, m: ModelRepositoryManager, llm
     @router.post(prefix + "/generate_stream")
     async def gen_stream(name: str, request: Request, version: str = "") -> Response:
         async def run() -> Response:
+            check_model_name(name)
             return await generate.generate_sse(llm, name, version, await read_json(request), key_id_of(request))
         return await guarded(run)

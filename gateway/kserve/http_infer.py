@@ -35,8 +35,9 @@ class HttpInferRequest:
     parameters: dict[str, Any] = field(default_factory=dict)
 
 
-def decode_request(body: bytes, header_length: str | None) -> HttpInferRequest:
-    """Parse an infer body; raises InferError(INVALID_ARG) for anything malformed."""
+def decode_request(body: bytes, header_length: str | None, max_elements: int) -> HttpInferRequest:
+    """Parse an infer body; raises InferError(INVALID_ARG) for anything malformed or a tensor over
+    `max_elements` elements (refused before its data is read)."""
     if header_length is not None:
         try:
             length = int(header_length)
@@ -55,7 +56,7 @@ def decode_request(body: bytes, header_length: str | None) -> HttpInferRequest:
         raise invalid("the request body must be a JSON object")
     params = _dict(header.get("parameters"), "parameters")
     raw = memoryview(body)[length:]
-    inputs, consumed = _decode_inputs(header.get("inputs"), raw)
+    inputs, consumed = _decode_inputs(header.get("inputs"), raw, max_elements)
     if consumed != len(raw):
         raise invalid(f"{len(raw) - consumed} bytes of binary data follow the last binary input")
     outputs, binary = _decode_outputs(header.get("outputs"))
@@ -75,7 +76,7 @@ def _dict(value: Any, what: str) -> dict[str, Any]:
     return value
 
 
-def _decode_inputs(specs: Any, raw: memoryview) -> tuple[dict[str, np.ndarray], int]:
+def _decode_inputs(specs: Any, raw: memoryview, max_elements: int) -> tuple[dict[str, np.ndarray], int]:
     if not isinstance(specs, list) or not specs:
         raise invalid("'inputs' must be a non-empty array")
     inputs: dict[str, np.ndarray] = {}
@@ -87,7 +88,7 @@ def _decode_inputs(specs: Any, raw: memoryview) -> tuple[dict[str, np.ndarray], 
         if name in inputs:
             raise invalid(f"input '{name}' appears more than once")
         datatype = str(spec.get("datatype"))
-        shape = codec.check_shape(name, spec.get("shape"))
+        shape = codec.check_shape(name, spec.get("shape"), max_elements)
         codec.wire_dtype(name, datatype)
         params = _dict(spec.get("parameters"), f"inputs['{name}'].parameters")
         if "binary_data_size" in params:

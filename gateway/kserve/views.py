@@ -11,6 +11,7 @@ from tritonclient.grpc import service_pb2 as pb
 from engines.classic.config import tensor_wire_type
 from engines.classic.errors import Code, InferError
 from engines.classic.manager import ModelRepositoryManager
+from engines.classic.names import check_model_name
 from engines.classic.protojson import fix_int64
 from engines.classic.stats import Duration, StatsSnapshot
 
@@ -47,6 +48,8 @@ def model_statistics(s: StatsSnapshot) -> pb.ModelStatistics:
 
 
 def statistics(manager: ModelRepositoryManager, name: str, version: str) -> pb.ModelStatisticsResponse:
+    if name:
+        check_model_name(name)
     return pb.ModelStatisticsResponse(model_stats=[model_statistics(s) for s in manager.statistics(name, version)])
 
 
@@ -56,7 +59,7 @@ def _tensor_meta(config: mc.ModelConfig, tensor: Any) -> pb.ModelMetadataRespons
 
 
 def model_metadata(manager: ModelRepositoryManager, llm: Any, name: str, version: str) -> pb.ModelMetadataResponse:
-    if is_llm(manager, llm, name):
+    if is_llm(manager, llm, check_model_name(name)):
         meta = pb.ModelMetadataResponse(name=name, versions=["1"], platform="llm")
         meta.inputs.add(name="text_input", datatype="BYTES", shape=[1])
         meta.outputs.add(name="text_output", datatype="BYTES", shape=[-1])
@@ -71,14 +74,15 @@ def model_metadata(manager: ModelRepositoryManager, llm: Any, name: str, version
 
 
 def model_config(manager: ModelRepositoryManager, llm: Any, name: str, version: str) -> mc.ModelConfig:
-    if is_llm(manager, llm, name):
+    if is_llm(manager, llm, check_model_name(name)):
         config = manager.llm_model_configs().get(name)
         return config if config is not None else mc.ModelConfig(name=name, backend="llm")
     return manager.model_config(name, version or None)
 
 
 def model_ready(manager: ModelRepositoryManager, llm: Any, name: str, version: str) -> bool:
-    if is_llm(manager, llm, name):
+    """Whether the model serves; raises InferError(INVALID_ARG) for a name that is not a model name."""
+    if is_llm(manager, llm, check_model_name(name)):
         return bool(llm.registry.has(name) and llm.registry.get(name).backend.ready())
     return manager.model_ready(name, version or None)
 

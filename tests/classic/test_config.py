@@ -10,7 +10,8 @@ from tritonclient.grpc import model_config_pb2 as mc
 from engines.classic.batching import BatcherConfig
 from engines.classic.config import load_config
 from engines.classic.errors import ConfigError, InferError
-from engines.classic.repository import select_versions, write_model_files
+from engines.classic.repository import select_versions
+from engines.classic.uploads import replace_files
 
 GOOD = '''
 backend: "onnxruntime"
@@ -91,15 +92,16 @@ def test_no_versions(tmp_path):
         select_versions(mc.ModelConfig(), _model(tmp_path, GOOD, versions=()))
 
 
-@pytest.mark.parametrize("rel", ["../x", "/etc/passwd", "1/../../x", ""])
+@pytest.mark.parametrize("rel", ["../x", "/etc/passwd", "1/../../x", "", "1/x\0y", "1\\..\\..\\x"])
 def test_file_params_confined_to_model_dir(tmp_path, rel):
     d = _model(tmp_path, GOOD)
     with pytest.raises(InferError):
-        write_model_files(d, {rel: b"x"})
+        replace_files(d, {rel: b"x"})
     assert not (tmp_path / "x").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == [d.name]  # nothing staged is left behind
 
 
 def test_file_params_written(tmp_path):
     d = _model(tmp_path, GOOD)
-    write_model_files(d, {"2/model.py": b"hi"})
+    replace_files(d, {"2/model.py": b"hi"}).commit()
     assert (d / "2" / "model.py").read_bytes() == b"hi"

@@ -159,7 +159,7 @@ async def test_queue_full_and_cancellation_while_busy(repo):
         await _until(lambda: m.statistics("blocking")[0].pending_count == 2)
         with pytest.raises(InferError, match="Exceeds maximum queue size") as err:
             await m.infer("blocking", "", {"X": _x([3, 3])})
-        assert err.value.kind == Code.UNAVAILABLE
+        assert err.value.kind == Code.OVERLOADED
         queued.cancel()  # a cancelled queued request frees its slot
         await _until(lambda: m.statistics("blocking")[0].pending_count == 1)
         replacement = asyncio.create_task(m.infer("blocking", "", {"X": _x([4, 4])}))

@@ -277,19 +277,36 @@ def shared_server() -> Server:
             raise RuntimeError(f"the test server died:\n{_server.log()}")
         return _server
     root = Path(tempfile.mkdtemp(prefix="sluice-kserve-"))
-    repo = build_test_repo(root)
+    _server = start_server(root, build_test_repo(root))
+    return _server
+
+
+def start_server(root: Path, repo: Path, *extra: str) -> Server:
+    """`sluice serve` in explicit mode with every model of `repo` loaded, plus `extra` flags; ready on return.
+
+    The caller stops it (`Server.stop` also deletes `root`)."""
     http_port, grpc_port = free_port(), free_port()
     log_path = root / "server.log"
     cmd = [sys.executable, "-m", "gateway.cli", "serve", "--host", "127.0.0.1", "--http-port", str(http_port),
            "--grpc-port", str(grpc_port), "--model-repository", str(repo), "--model-control-mode", "explicit",
-           "--load-model", "*"]
+           "--load-model", "*", *extra]
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
     server = Server(root, repo, http_port, grpc_port, proc, log_path)
     atexit.register(server.stop)
     _wait_ready(server)
-    _server = server
     return server
+
+
+def write_model(repo: Path, name: str, config: str, model_py: str, versions: tuple[int, ...] = (1,)) -> Path:
+    """A python model directory: `config.pbtxt` and `model.py` in each version directory."""
+    model_dir = repo / name
+    model_dir.mkdir(parents=True)
+    (model_dir / "config.pbtxt").write_text(config)
+    for v in versions:
+        (model_dir / str(v)).mkdir()
+        (model_dir / str(v) / "model.py").write_text(model_py)
+    return model_dir
 
 
 def _wait_ready(server: Server) -> None:

@@ -195,6 +195,7 @@ def test_repository_over_grpc(server, client):
     config["max_batch_size"] = 32
     client.load_model("digits_unbatched", config=json.dumps(config))
     assert client.get_model_config("digits_unbatched").config.max_batch_size == 32
-    with pytest.raises(InferenceServerException):
-        client.load_model("digits_unbatched", config=json.dumps(config), files={"file:/etc/evil": b"x"})
+    with pytest.raises(InferenceServerException) as err:  # uploads are off on this server
+        client.load_model("digits_unbatched", config=json.dumps(config), files={"file:1/model.onnx": b"x"})
+    assert err.value.status() == "StatusCode.PERMISSION_DENIED"
     assert client.is_model_ready("digits_unbatched")

@@ -306,17 +306,16 @@ def test_repository_index_load_unload(server, client):
     client.load_model("numpy_double", config=json.dumps(config))
     assert client.get_model_config("numpy_double")["max_batch_size"] == 4
 
-    # file: parameters are written inside the model's own directory only.
+    # Without --allow-model-uploads, file: parameters (code run at load) are refused and nothing is written.
     model_py = b"class SluiceModel:\n    def execute_batch(self, inputs):\n        return {'Y': inputs['X'] + 1}\n"
-    client.load_model("numpy_double", config=json.dumps(config), files={"file:2/model.py": model_py})
-    assert (server.repo / "numpy_double" / "2" / "model.py").read_bytes() == model_py
+    with pytest.raises(InferenceServerException) as err:
+        client.load_model("numpy_double", config=json.dumps(config), files={"file:2/model.py": model_py})
+    assert err.value.status() == "403" and "--allow-model-uploads" in err.value.message()
+    assert not (server.repo / "numpy_double" / "2").exists()
+    assert sorted(p.name for p in server.repo.iterdir() if p.name.startswith(".")) == []
     inp = httpclient.InferInput("X", [1, 2], "INT32")
     inp.set_data_from_numpy(np.array([[1, 2]], dtype=np.int32))
-    assert client.infer("numpy_double", [inp]).as_numpy("Y").tolist() == [[2, 3]]
-    with pytest.raises(InferenceServerException) as err:
-        client.load_model("numpy_double", config=json.dumps(config), files={"file:../evil.py": b"x"})
-    assert err.value.status() == "400"
-    assert not (server.repo / "evil.py").exists()
+    assert client.infer("numpy_double", [inp]).as_numpy("Y").tolist() == [[2, 4]]
 
     with pytest.raises(InferenceServerException) as err:
         client.load_model("numpy_double", config="{bad json")

@@ -15,11 +15,14 @@ from engines.classic.proto import ModelConfig
 __all__ = ["Backend", "ComputeTimes", "StackedBackend", "create_instance"]
 
 
-def create_instance(config: ModelConfig, version_dir: Path, instance_index: int, host: Any) -> Backend:
-    """Build instance number `instance_index` of a model version.
+def create_instance(config: ModelConfig, version_dir: Path, instance_index: int, host: Any,
+                    isolated_limit_s: float | None = None) -> Backend:
+    """Build instance number `instance_index` of a model version (blocking: loads the model).
 
-    `host` is the manager (for BLS calls from python models). Raises ConfigError
-    for a missing model file or a model that does not match its config.
+    `host` is the manager (for BLS calls from python models). With `isolated_limit_s`
+    (a python model with `isolation: process`), the instance runs in its own process
+    and that is its execute time limit (0: none). Raises ConfigError for a missing
+    model file or a model that does not match its config.
     """
     backend = config.backend
     if backend == "onnxruntime":
@@ -30,6 +33,10 @@ def create_instance(config: ModelConfig, version_dir: Path, instance_index: int,
         from engines.classic.backends.pytorch import TorchScriptBackend
 
         return TorchScriptBackend(config, version_dir)
+    if backend == "python" and isolated_limit_s is not None:
+        from engines.classic.backends.isolated import IsolatedPythonBackend
+
+        return IsolatedPythonBackend(config, version_dir, instance_index, isolated_limit_s)
     if backend == "python":
         from engines.classic.backends.python import load_python_instance
 

@@ -11,6 +11,7 @@ Contract:
 
 from __future__ import annotations
 
+import os
 import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
@@ -23,17 +24,30 @@ from engines.classic.config import tensor_wire_type
 from engines.classic.dtypes import wire_to_numpy
 from engines.classic.errors import Code, ConfigError, InferError
 from engines.classic.proto import ModelConfig, ModelOutput
+from engines.classic.workers import describe
 
 if TYPE_CHECKING:
     from engines.classic.request import InferRequest
 
 def model_file(config: ModelConfig, version_dir: Path, default: str) -> Path:
-    """The file a backend loads; raises ConfigError naming the config field when absent."""
+    """The file a backend loads; raises ConfigError naming the config field when absent or outside the model.
+
+    `default_model_filename` is a file name inside the version directory: an absolute
+    path, a NUL, a '..' part or a symlink that resolves outside the model's directory
+    is refused, so a config cannot make a backend load (or run) a file from elsewhere.
+    """
+    field = "default_model_filename" if config.default_model_filename else "(default file)"
+    source = version_dir.parent / "config.pbtxt"
     name = config.default_model_filename or default
+    if "\0" in name or os.path.isabs(name) or ".." in Path(name).parts:
+        raise ConfigError(f"{source}: field '{field}': '{name[:200]}' must be a file name inside the version "
+                          "directory")
     path = version_dir / name
     if not path.exists():
-        field = "default_model_filename" if config.default_model_filename else "(default file)"
-        raise ConfigError(f"{version_dir.parent / 'config.pbtxt'}: field '{field}': model file {path} not found")
+        raise ConfigError(f"{source}: field '{field}': model file {path} not found")
+    if not path.resolve().is_relative_to(version_dir.parent.resolve()):
+        raise ConfigError(f"{source}: field '{field}': model file {path} resolves outside the model directory "
+                          f"({path.resolve()})")
     return path
 
 
@@ -45,6 +59,10 @@ class ComputeTimes:
 
 
 class Backend(ABC):
+    # True when execute() returns by the model's time limit on its own (a model in its own process
+    # is killed); otherwise the scheduler enforces the limit by abandoning the instance.
+    enforces_time_limit = False
+
     def __init__(self, config: ModelConfig) -> None:
         self.config = config
         self.timings = ComputeTimes()
@@ -77,9 +95,9 @@ class StackedBackend(Backend):
         except InferError as exc:
             self.timings = ComputeTimes(t1 - t0, time.perf_counter_ns() - t1, 0)
             return [exc] * len(requests)
-        except Exception as exc:  # a model failure fails this batch only
+        except BaseException as exc:  # a model failure (even SystemExit from model code) fails this batch only
             self.timings = ComputeTimes(t1 - t0, time.perf_counter_ns() - t1, 0)
-            return [InferError(f"model '{self.config.name}' failed: {exc}", Code.INTERNAL)] * len(requests)
+            return [InferError(f"model '{self.config.name}' failed: {describe(exc)}", Code.INTERNAL)] * len(requests)
         t2 = time.perf_counter_ns()
         results = _split(self.config, requests, outputs, batching)
         self.timings = ComputeTimes(t1 - t0, t2 - t1, time.perf_counter_ns() - t2)

@@ -165,10 +165,19 @@ class InferenceRequest:
         return InferenceResponse([Tensor(k, v) for k, v in outputs.items()])
 
 
+class NoBLS:
+    """The BLS host of a model that cannot make BLS calls (one in its own process): they raise `reason`."""
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+
+
 def _host() -> Any:
     host = getattr(_context, "host", None)
     if host is None:
         raise TritonModelException("BLS is only available inside a model's initialize/execute")
+    if isinstance(host, NoBLS):
+        raise TritonModelException(host.reason)
     return host
 
 

@@ -28,6 +28,7 @@ from engines.classic.backends import base, pb_utils
 from engines.classic.config import to_json
 from engines.classic.errors import Code, ConfigError, InferError
 from engines.classic.proto import ModelConfig
+from engines.classic.workers import describe
 
 if TYPE_CHECKING:
     from engines.classic.request import InferRequest
@@ -78,7 +79,7 @@ def _import(path: Path, model_name: str) -> ModuleType:
     sys.path.insert(0, str(path.parent))
     try:
         spec.loader.exec_module(module)
-    except Exception as exc:
+    except BaseException as exc:  # model code: a sys.exit() at import fails this model only
         sys.modules.pop(name, None)
         raise ConfigError(f"{path}: import failed: {type(exc).__name__}: {exc}") from None
     finally:
@@ -96,7 +97,7 @@ def _initialize(model: Any, args: dict[str, str], host: Any, source: str) -> Non
             result = init(args)
             if inspect.iscoroutine(result):
                 asyncio.run(result)
-    except Exception as exc:
+    except BaseException as exc:  # model code: SystemExit in initialize() fails this model only
         raise ConfigError(f"{source}: initialize() failed: {type(exc).__name__}: {exc}") from None
 
 
@@ -125,9 +126,10 @@ class TritonPythonBackend(base.Backend):
                 responses = self._model.execute(pb_requests)
                 if self._loop is not None:
                     responses = self._loop.run_until_complete(responses)
-        except Exception as exc:  # a failing model fails its batch, not the server
+        except BaseException as exc:  # a failing model (even SystemExit) fails its batch, not the server
             self.timings = base.ComputeTimes(t1 - t0, time.perf_counter_ns() - t1, 0)
-            return [InferError(f"model '{self.config.name}' execute() failed: {exc}", Code.INTERNAL)] * len(requests)
+            return [InferError(f"model '{self.config.name}' execute() failed: {describe(exc)}", Code.INTERNAL)
+                    ] * len(requests)
         t2 = time.perf_counter_ns()
         results = self._convert(requests, responses)
         self.timings = base.ComputeTimes(t1 - t0, t2 - t1, time.perf_counter_ns() - t2)
@@ -158,10 +160,7 @@ class TritonPythonBackend(base.Backend):
         return base._coerce(tensor, np.asarray(array)) if tensor is not None else array
 
     def close(self) -> None:
-        finalize = getattr(self._model, "finalize", None)
-        with contextlib.suppress(Exception), bls_host(self._host):
-            if finalize is not None:
-                finalize()
+        _finalize(self._model, self._host)
         if self._loop is not None:
             self._loop.close()
 
@@ -183,7 +182,12 @@ class NumpyPythonBackend(base.StackedBackend):
         return outputs
 
     def close(self) -> None:
-        finalize = getattr(self._model, "finalize", None)
-        if finalize is not None:
-            with contextlib.suppress(Exception):
-                finalize()
+        _finalize(self._model, self._host)
+
+
+def _finalize(model: Any, host: Any) -> None:
+    finalize = getattr(model, "finalize", None)
+    if finalize is not None:
+        with contextlib.suppress(BaseException), bls_host(host):  # model code, and the model is going anyway
+            finalize()
+
