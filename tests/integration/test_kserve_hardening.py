@@ -215,7 +215,7 @@ def test_compressed_bomb_answers_413(server, http, grpc_client, encoding):
     assert len(body) < 1024 * 1024
     resp = httpx.post(f"http://{server.http_url}/v2/models/digits_onnx/infer", content=body,
                       headers={"Content-Encoding": encoding})
-    assert resp.status_code == 413 and "inflates to more than" in resp.json()["error"]
+    assert resp.status_code == 413 and "decompressed, exceeds the limit" in resp.json()["error"]
     small = json.dumps({"inputs": [{"name": "input", "shape": [1, 64], "datatype": "FP32",
                                     "data": X.ravel().tolist()}]}).encode()
     resp = httpx.post(f"http://{server.http_url}/v2/models/digits_onnx/infer", content=gzip.compress(small),
