@@ -41,14 +41,25 @@ class ClassicLimits:
             raise ValueError(f"execute_timeout_s must be >= 0 and finite, got {self.execute_timeout_s}")
 
 
+MAX_DIMS = 64
+MAX_DIM = 2**63 - 1  # numpy's intp
+
+
 def element_count(name: str, shape: Sequence[int], max_elements: int) -> int:
-    """The element count of `shape`, computed without overflow; raises for a negative dim or too many."""
+    """The element count of `shape`, computed without overflow; raises for a negative dim, too many
+    dims (numpy holds at most 64) or too many elements."""
+    if len(shape) > MAX_DIMS:
+        raise invalid(f"input '{name}': shape has {len(shape)} dimensions, at most {MAX_DIMS} are supported")
     if any(d < 0 for d in shape):
         raise invalid(f"input '{name}': shape {list(shape)} has a negative dimension")
     count = math.prod(shape)  # Python ints: [2**40, 2**40] is 2**80, not a wrapped int64
     if count > max_elements:
         raise invalid(f"input '{name}': shape {list(shape)} has {count} elements, more than the "
                       f"{max_elements} allowed per tensor")
+    # numpy sizes an array in int64 bytes counting every non-zero dimension, even when another is 0:
+    # such a shape (e.g. [0, 2**63]) describes no array at all.
+    if math.prod(d for d in shape if d) > MAX_DIM // 8:
+        raise invalid(f"input '{name}': shape {list(shape)} has more elements than a tensor can hold")
     return count
 
 

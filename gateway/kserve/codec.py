@@ -18,11 +18,6 @@ from engines.classic.limits import element_count
 
 _LENGTH = struct.Struct("<I")
 
-# numpy sizes arrays in int64 bytes (counting every non-zero dimension, even when another is 0):
-# a larger shape describes no array, and np.prod would silently wrap its element count.
-_MAX_ELEMENTS = (2**63 - 1) // 8
-_MAX_DIMS = 64  # numpy's limit on ndim
-
 
 def check_shape(name: str, shape: Any, max_elements: int) -> tuple[int, ...]:
     """The shape as a tuple, before anything is allocated for it: integers, none negative, and at most

@@ -20,10 +20,13 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from engines.classic.dtypes import WIRE_TYPES, wire_to_numpy
+from engines.classic.limits import ClassicLimits
 from engines.errors import ErrorKind, SluiceError
 from gateway.kserve import codec
 from gateway.kserve.http_infer import HttpInferRequest, decode_request, encode_response
 from tests.properties import bounded
+
+MAX_ELEMENTS = ClassicLimits().max_tensor_elements  # the server's default bound
 
 # What one byte of body can become while parsing: Python objects for JSON, a copy for raw data.
 BYTES_PER_BODY_BYTE = 64
@@ -33,7 +36,7 @@ SLACK_BYTES = 1 << 20
 def _decode(body: bytes, header_length: str | None) -> HttpInferRequest | None:
     """decode_request, with a domain error read as a refusal (None)."""
     try:
-        return decode_request(body, header_length)
+        return decode_request(body, header_length, MAX_ELEMENTS)
     except SluiceError as exc:
         assert exc.kind is ErrorKind.INVALID_ARG, exc
         assert exc.message
@@ -164,7 +167,7 @@ def _binary_body(named: dict[str, tuple[str, np.ndarray]]) -> tuple[bytes, str]:
 @given(named=st.dictionaries(st.sampled_from(["a", "b", "c"]), tensors(), min_size=1, max_size=3))
 def test_binary_round_trip_of_every_datatype(named: dict[str, tuple[str, np.ndarray]]) -> None:
     body, length = _binary_body(named)
-    req = decode_request(body, length)
+    req = decode_request(body, length, MAX_ELEMENTS)
     assert set(req.inputs) == set(named)
     for name, (datatype, array) in named.items():
         assert _same(req.inputs[name], array), (datatype, array, req.inputs[name])
@@ -222,7 +225,7 @@ def test_json_round_trip_of_every_datatype(tensor: tuple[str, np.ndarray], neste
     if nested and array.ndim > 1:
         data = _strings(array.tolist())
     body = json.dumps({"inputs": [{"name": "x", "datatype": datatype, "shape": list(array.shape), "data": data}]})
-    req = decode_request(body.encode(), None)
+    req = decode_request(body.encode(), None, MAX_ELEMENTS)
     assert _same(req.inputs["x"], array.astype(req.inputs["x"].dtype) if datatype != "BYTES" else array)
     assert req.inputs["x"].dtype == wire_to_numpy(datatype)
 
