@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import signal
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -99,9 +101,17 @@ def test_a_worker_that_leaves_is_drained_then_removed_and_may_come_back(
         assert stream.headers["x-sluice-worker"] == pod_b
         lines = stream.iter_lines()
         next(line for line in lines if line.startswith("data: "))
-        api.put(_slice(worker_b, pod_b, ready=False, terminating=True))  # the pod is terminating
-        _until(lambda: _workers(gateway)[pod_b]["draining"], 10)
-        assert set(_served_by(gateway, 3, "While b drains")) == {PODS[0]}
+        # Hold worker b still while the pod is marked terminating: on a loaded machine its request
+        # could otherwise finish first, and the worker would be removed before it was seen draining.
+        group = os.getpgid(worker_b.proc.pid)
+        os.killpg(group, signal.SIGSTOP)
+        try:
+            api.put(_slice(worker_b, pod_b, ready=False, terminating=True))  # the pod is terminating
+            _until(lambda: _workers(gateway)[pod_b]["draining"], 10)
+            assert set(_served_by(gateway, 3, "While b drains")) == {PODS[0]}
+            assert _workers(gateway)[pod_b]["in_flight"] == 1  # kept while its request runs
+        finally:
+            os.killpg(group, signal.SIGCONT)
         rest = [line for line in lines if line]  # the request in flight finishes on the draining worker
         assert rest[-1] == "data: [DONE]" and '"finish_reason":"length"' in "".join(rest).replace(" ", "")
     _until(lambda: pod_b not in _workers(gateway), 10)  # its in-flight request done: removed
