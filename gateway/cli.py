@@ -66,7 +66,6 @@ def _weights(value: str) -> dict[str, float]:
 
 def _worker_parser(sub: Any) -> None:
     from engines.launchers import add_worker_arguments
-
     from engines.sim.launch import add_sim_arguments
 
     p = sub.add_parser("worker", help="start an LLM engine worker (transformers, vllm, trtllm, or the sim model)")

@@ -8,8 +8,12 @@ continuous batch) takes:
            + prefill_attn_s  × prefill_attn_pairs  (their query × key token pairs)
            + decode_seq_s    × decode_seqs         (sequences decoding one token)
 
-and 0 for a step that runs nothing. The parameters are fitted against a real
-vLLM worker by `loadtests/calibrate_sim.py` (docs/sim.md).
+and 0 for a step that runs nothing. Besides the steps, a request reaches the
+scheduler `request_latency_s` after it arrives: in vLLM the API server's input
+processing and the hop to the engine core (and, on the way out, detokenizing and
+writing the first chunk) add this to every time to first token without occupying
+the engine. The parameters are fitted against a real vLLM worker by
+`loadtests/calibrate_sim.py` (docs/sim.md).
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ class CostModel:
     prefill_token_s: float = 0.0  # per prefill token (the MLP and projections)
     prefill_attn_s: float = 0.0  # per prefill (query, key) token pair
     decode_seq_s: float = 0.0  # per decoding sequence
+    request_latency_s: float = 0.0  # arrival to schedulable; adds to TTFT, not to any step
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -50,6 +55,10 @@ class CostModel:
     @property
     def zero(self) -> bool:
         return all(getattr(self, f.name) == 0.0 for f in fields(self))
+
+    @property
+    def step_fields(self) -> tuple[float, float, float, float]:
+        return self.base_s, self.prefill_token_s, self.prefill_attn_s, self.decode_seq_s
 
     def step_s(self, work: StepWork) -> float:
         if work.empty:

@@ -1,10 +1,16 @@
 """The live driver: one `SimEngine` stepped in real time on the event loop.
 
-`run()` is the engine loop. While the engine has work it calls ``engine.step(now)``
-with the loop's clock, sleeps until the step's ``end_s`` (the Python time spent
-scheduling counts as part of the step; with the `zero` profile it only yields to
-the loop), then delivers each output to its request's queue, publishes the
-step's KV events and records TTFT. With no work it waits for `submit`.
+`run()` is the engine loop. While the engine has work it steps it and sleeps until
+the step's ``end_s`` (with the `zero` profile it only yields to the loop), then
+delivers each output to its request's queue, publishes the step's KV events and
+records TTFT. With no work it waits for `submit`.
+
+Steps are laid end to end on the loop's clock: while the engine stays busy, a step
+starts when the previous one ended, not when the loop got round to it, so the time
+spent scheduling and writing chunks is part of a step instead of being added to it
+(up to `CATCH_UP_S` of lateness; a loop further behind starts afresh from now rather
+than bursting steps to catch up); a request that arrived after such a step's start
+waits for the next one. After an idle spell a step starts when it is due.
 
 `submit` returns the request's queue of `RequestOutput`s (the last one has a
 finish reason) or, if the engine loop failed, the exception. `abort` is
@@ -25,6 +31,7 @@ from engines.sim.publisher import KVEventPublisher
 log = logging.getLogger(__name__)
 
 OutputQueue = asyncio.Queue[RequestOutput | Exception]
+CATCH_UP_S = 0.02
 
 
 class EngineDriver:
@@ -34,10 +41,12 @@ class EngineDriver:
         self.publisher = publisher
         self._queues: dict[str, OutputQueue] = {}
         self._wake = asyncio.Event()
+        self._busy = False  # the previous step left work: the next one follows it directly
 
     def submit(self, spec: RequestSpec) -> OutputQueue:
         """Queue a request now; ValueError if the engine refuses it."""
-        self.engine.add_request(spec, asyncio.get_running_loop().time())
+        now = asyncio.get_running_loop().time()
+        self.engine.add_request(spec, now)
         queue: OutputQueue = asyncio.Queue()
         self._queues[spec.request_id] = queue
         self._wake.set()
@@ -45,27 +54,50 @@ class EngineDriver:
 
     def abort(self, request_id: str) -> None:
         self._queues.pop(request_id, None)
-        self.engine.abort(request_id)
+        if self.engine.abort(request_id):
+            self._wake.set()
 
     async def run(self) -> None:
         """Step the engine until cancelled. A failing step fails the requests in flight, is logged,
         and the loop goes on, so one bad request cannot stop the worker."""
         loop = asyncio.get_running_loop()
         while True:
-            if self.engine.next_event_time() is None:
-                self._wake.clear()
-                await self._wake.wait()
+            due = self.engine.next_event_time()
+            if due is None:
+                self._busy = False
+                await self._wait_for_work(None)
+                continue
+            now = loop.time()
+            if due > now:  # the next request is still in its request latency
+                self._busy = False
+                await self._wait_for_work(due - now)
                 continue
             try:
-                result = self.engine.step(loop.time())
+                result = self.engine.step(self._start_time(now))
                 delay_s = result.end_s - loop.time()
                 await asyncio.sleep(delay_s if delay_s > 0 else 0)
                 await self._deliver(result)
+                self._busy = not result.idle
+                if result.idle:  # nothing could run (no room yet): do not spin
+                    await self._wait_for_work(0.001)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
                 log.exception("sim engine step failed; failing %d requests in flight", len(self._queues))
                 self._fail_all(exc)
+
+    async def _wait_for_work(self, timeout_s: float | None) -> None:
+        self._wake.clear()
+        try:
+            await asyncio.wait_for(self._wake.wait(), timeout_s)
+        except TimeoutError:
+            pass
+
+    def _start_time(self, now: float) -> float:
+        previous_end = self.engine.next_event_time()
+        if self._busy and previous_end is not None and 0.0 <= now - previous_end <= CATCH_UP_S:
+            return previous_end
+        return now
 
     async def _deliver(self, result: StepResult) -> None:
         for out in result.outputs:

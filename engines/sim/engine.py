@@ -13,8 +13,9 @@ sockets, no sleeping). The driving API:
   at ``result.end_s``: deliver them then. A step with nothing to run is idle
   (``duration_s == 0``, no outputs).
 - ``next_event_time() -> float | None``: when the engine next wants to step: the
-  end of the current step while it has work, None when it has none (it then
-  waits for ``add_request``).
+  end of the current step while requests run, else when the first waiting request
+  becomes schedulable (``request_latency_s`` after its arrival), None when it has
+  no work (it then waits for ``add_request``).
 
 A discrete-event loop therefore calls ``step(t)`` whenever ``next_event_time()``
 comes due, delivers the result at ``end_s``, and calls ``add_request`` at
@@ -76,7 +77,8 @@ class SimEngine:
         cfg = self.config
         sampler = TokenSampler(spec.seed, cfg.vocab_size, cfg.special_token_ids, cfg.eos_token_id, cfg.eos_prob)
         self.scheduler.add(SimRequest(spec.request_id, list(spec.prompt_token_ids), spec.max_tokens, sampler,
-                                      arrival_s=now_s, ignore_eos=spec.ignore_eos, cache_salt=spec.cache_salt))
+                                      arrival_s=now_s, ready_s=now_s + cfg.cost.request_latency_s,
+                                      ignore_eos=spec.ignore_eos, cache_salt=spec.cache_salt))
 
     def abort(self, request_id: str) -> bool:
         return self.scheduler.abort(request_id)
@@ -84,7 +86,7 @@ class SimEngine:
     def step(self, now_s: float) -> StepResult:
         """Schedule, run (charge the cost model) and postprocess one step; see the module docstring."""
         start_s = max(now_s, self._busy_until_s)
-        out = self.scheduler.schedule()
+        out = self.scheduler.schedule(start_s)
         duration_s = self.config.cost.step_s(out.work)
         end_s = start_s + duration_s
         outputs = self.scheduler.postprocess(out, end_s)
@@ -98,9 +100,12 @@ class SimEngine:
                           out.work.prefill_tokens, out.work.decode_seqs, out.preempted)
 
     def next_event_time(self) -> float | None:
-        if not self.scheduler.has_work:
-            return None
-        return self._busy_until_s
+        sched = self.scheduler
+        if sched.running:
+            return self._busy_until_s
+        if sched.waiting:  # nothing runs: the head of the queue decides (it may not be ready yet)
+            return max(self._busy_until_s, sched.waiting[0].ready_s)
+        return None
 
     def has_request(self, request_id: str) -> bool:
         return request_id in self.scheduler

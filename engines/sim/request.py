@@ -72,6 +72,7 @@ class SimRequest:
     max_tokens: int
     sampler: TokenSampler
     arrival_s: float
+    ready_s: float  # when the scheduler may first see it (arrival + the cost model's request latency)
     ignore_eos: bool = False
     cache_salt: str | None = None
     output_token_ids: list[int] = field(default_factory=list)

@@ -1,13 +1,14 @@
 """Continuous batching with chunked prefill and prefix caching, modelled on vLLM v1. Pure.
 
-One iteration is `schedule()`, then the step runs (the simulator charges its cost),
+One iteration is `schedule(now_s)`, then the step runs (the simulator charges its cost),
 then `postprocess(output, end_s)`:
 
-- `schedule()` picks the step's work within the token budget
+- `schedule(now_s)` picks the step's work within the token budget
   (`max_num_batched_tokens`) and reserves KV blocks for it. Running requests go
   first, in arrival order: each decodes one token or continues its prefill with as
   many prompt tokens as the budget leaves (chunked prefill). Then waiting requests
-  are admitted in order while the budget lasts and fewer than `max_num_seqs` run:
+  that are ready (see `SimRequest.ready_s`) are admitted in order while the budget
+  lasts and fewer than `max_num_seqs` run:
   each reuses its longest cached prefix of whole blocks (at most `(n - 1) //
   block_size` of its n tokens' blocks: the last prompt token is always recomputed,
   for its logits) and prefills the rest, chunked. A waiting
@@ -22,7 +23,7 @@ then `postprocess(output, end_s)`:
   every request whose tokens are all computed, and retires finished ones.
 
 `add` and `abort` may be called between any two calls; they take effect at the next
-`schedule()`. Not thread-safe.
+`schedule`. Not thread-safe.
 """
 
 from __future__ import annotations
@@ -88,7 +89,8 @@ class Scheduler:
         self.counters.finished["abort"] += 1
         return True
 
-    def schedule(self) -> SchedulerOutput:
+    def schedule(self, now_s: float) -> SchedulerOutput:
+        """The step starting at `now_s`: waiting requests not ready by then stay waiting."""
         budget = self.config.max_num_batched_tokens
         scheduled: list[ScheduledItem] = []
         preempted: list[str] = []
@@ -102,7 +104,7 @@ class Scheduler:
             budget -= n
             i += 1
         if not preempted:
-            self._admit(budget, scheduled)
+            self._admit(budget, scheduled, now_s)
         return SchedulerOutput(tuple(scheduled), tuple(preempted), _work(scheduled))
 
     def postprocess(self, output: SchedulerOutput, end_s: float) -> list[RequestOutput]:
@@ -131,10 +133,12 @@ class Scheduler:
         request.block_ids += self.cache.allocate(need)
         return True
 
-    def _admit(self, budget: int, scheduled: list[ScheduledItem]) -> None:
+    def _admit(self, budget: int, scheduled: list[ScheduledItem], now_s: float) -> None:
         block = self.config.block_size
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             request = self.waiting[0]
+            if request.ready_s > now_s:
+                return  # still on its way in (request latency); those behind it are too
             hashes = request.update_block_hashes(block)
             hits = self.cache.match(hashes[: (request.num_tokens - 1) // block])
             computed = len(hits) * block

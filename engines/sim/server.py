@@ -12,8 +12,8 @@ import asyncio
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import TYPE_CHECKING, Any, TypeVar
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from typing import Any, Protocol, TypeVar
 
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -21,19 +21,33 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from engines.detokenizer import IncrementalDetokenizer
-from engines.sim.driver import OutputQueue
+from engines.sim.driver import EngineDriver, OutputQueue
 from engines.sim.engine import RequestSpec
-from engines.sim.metrics import CONTENT_TYPE
-from engines.sim.openai_requests import ApiError, ParsedRequest, bad_request
+from engines.sim.metrics import CONTENT_TYPE, SimMetrics
+from engines.sim.openai_requests import ApiError, ParsedRequest, RequestParser, bad_request
 from engines.sim.openai_responses import DONE, ResponseShaper, sse
-
-if TYPE_CHECKING:
-    from engines.sim.worker import SimWorker
+from engines.sim.publisher import KVEventPublisher
 
 T = TypeVar("T")
 
 
-def build_app(worker: SimWorker) -> Starlette:
+class WorkerView(Protocol):
+    """What the routes need from a worker (`engines.sim.worker.SimWorker`)."""
+
+    @property
+    def model_name(self) -> str: ...
+
+    parser: RequestParser
+    driver: EngineDriver
+    metrics: SimMetrics
+    publisher: KVEventPublisher | None
+
+    def model_card(self) -> dict[str, Any]: ...
+
+    def decode(self, ids: Sequence[int]) -> str: ...
+
+
+def build_app(worker: WorkerView) -> Starlette:
     async def health(_: Request) -> Response:
         return Response(status_code=200)
 
@@ -60,7 +74,7 @@ def build_app(worker: SimWorker) -> Starlette:
     ])
 
 
-async def _generate(worker: SimWorker, request: Request, kind: str) -> Response:
+async def _generate(worker: WorkerView, request: Request, kind: str) -> Response:
     prefix = "chatcmpl" if kind == "chat" else "cmpl"
     request_id = f"{prefix}-{uuid.uuid4().hex[:16]}"
     try:
@@ -76,7 +90,7 @@ async def _generate(worker: SimWorker, request: Request, kind: str) -> Response:
         return JSONResponse(e.body(), status_code=e.status)
     except ValueError as e:  # the engine's own refusal
         return JSONResponse(bad_request(str(e)).body(), status_code=400)
-    shaper = ResponseShaper(kind, request_id, worker.settings.model_name, int(time.time()),
+    shaper = ResponseShaper(kind, request_id, worker.model_name, int(time.time()),
                             return_token_ids=parsed.return_token_ids, prompt_token_ids=parsed.prompt_token_ids)
     if parsed.stream:
         return StreamingResponse(_stream(worker, parsed, request_id, queue, shaper), media_type="text/event-stream")
@@ -86,7 +100,7 @@ async def _generate(worker: SimWorker, request: Request, kind: str) -> Response:
         worker.driver.abort(request_id)  # a no-op once it finished
 
 
-async def _stream(worker: SimWorker, parsed: ParsedRequest, request_id: str, queue: OutputQueue,
+async def _stream(worker: WorkerView, parsed: ParsedRequest, request_id: str, queue: OutputQueue,
                   shaper: ResponseShaper) -> AsyncIterator[bytes]:
     detok = IncrementalDetokenizer(worker.decode)
     try:
@@ -111,7 +125,7 @@ async def _stream(worker: SimWorker, parsed: ParsedRequest, request_id: str, que
         worker.driver.abort(request_id)
 
 
-async def _collect(worker: SimWorker, request_id: str, queue: OutputQueue, shaper: ResponseShaper) -> Response:
+async def _collect(worker: WorkerView, request_id: str, queue: OutputQueue, shaper: ResponseShaper) -> Response:
     ids: list[int] = []
     while True:
         out = await queue.get()

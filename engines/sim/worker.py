@@ -77,6 +77,10 @@ class SimWorker:
         self._server: _Server | None = None
         self._serving: asyncio.Task[None] | None = None
 
+    @property
+    def model_name(self) -> str:
+        return self.settings.model_name
+
     def decode(self, ids: Sequence[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
 
@@ -132,7 +136,9 @@ class SimWorker:
 
 def _listen(host: str, port: int) -> socket.socket:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    # proto IPPROTO_TCP, not 0: asyncio turns Nagle off (TCP_NODELAY) only on sockets that say
+    # they are TCP, and with Nagle on, a keep-alive client waited 40 ms for every response.
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((host, port))

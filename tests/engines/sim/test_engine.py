@@ -241,3 +241,17 @@ def test_config_validation() -> None:
         SimConfig(vocab_size=10, eos_prob=0.1)
     with pytest.raises(ValueError, match="decode_seq_s"):
         CostModel(decode_seq_s=-1.0)
+
+
+def test_request_latency_delays_scheduling_without_occupying_the_engine() -> None:
+    eng = engine(cost=CostModel(base_s=0.1, decode_seq_s=0.0, request_latency_s=0.3))
+    eng.add_request(spec("a", [1, 2, 3], max_tokens=3), 0.0)
+    assert eng.next_event_time() == pytest.approx(0.3)  # due once it is through the latency
+    assert eng.step(0.1).idle  # too early: nothing is ready
+    first = eng.step(0.3)
+    assert first.start_s == pytest.approx(0.3) and first.outputs[0].ttft_s == pytest.approx(0.4)
+    eng.add_request(spec("b", [4, 5, 6], max_tokens=1), 0.35)  # arrives while a decodes
+    steps = [first, *run(eng)]
+    b_first = next(s for s in steps if any(o.request_id == "b" for o in s.outputs))
+    assert b_first.start_s >= 0.35 + 0.3 - 1e-9  # a's decode steps went on meanwhile
+    assert [o.ttft_s for o in b_first.outputs if o.request_id == "b"] == [pytest.approx(b_first.end_s - 0.35)]
