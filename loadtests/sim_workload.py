@@ -7,9 +7,10 @@ so a real worker's HTTP and engine-core IPC are part of what is measured):
 - **cold / warm prefill**: for each prompt length, a prompt no earlier request shares
   (distinct first token), `max_tokens=1`; TTFT cold, then the same prompt again at
   once (warm: all but the last partial block, or the last block, is cached).
-- **decode**: B concurrent streams of short distinct prompts; the step time is the
-  median gap between chunks while all B are decoding (after the last first token,
-  before the first finish).
+- **decode**: B concurrent streams of short distinct prompts; the step time is a
+  stream's time from first to last chunk divided by the steps between, while all B
+  are decoding (after the last first token, before the first finish); the median
+  over streams.
 - **mixed** (validation, not fitted): B streams decoding, then one cold prompt of L
   tokens; its TTFT and the decode gap it causes.
 
@@ -89,11 +90,19 @@ async def stream(client: httpx.AsyncClient, url: str, model: str, prompt: list[i
     return out
 
 
-def _gaps_while_all_decode(streams: list[Stream]) -> list[float]:
+def _step_while_all_decode(streams: list[Stream]) -> float | None:
+    """The decode step time: per stream, the time from its first to its last chunk over the steps
+    between, while all B decode; the median over streams. A span, not single gaps: a client that
+    falls behind reads several chunks at once, which makes gaps 0 and the next one long, while the
+    span only moves by the lateness at its two ends."""
     start = max(s.chunk_s[0] for s in streams)
     stop = min(s.chunk_s[-1] for s in streams)
-    return [b - a for s in streams for a, b in zip(s.chunk_s, s.chunk_s[1:], strict=False)
-            if a >= start and b <= stop]
+    spans = []
+    for s in streams:
+        inside = [t for t in s.chunk_s if start <= t <= stop]
+        if len(inside) >= 2:
+            spans.append((inside[-1] - inside[0]) / (len(inside) - 1))
+    return statistics.median(spans) if spans else None
 
 
 async def run_workload(url: str, model: str, w: Workload) -> dict[str, Any]:
@@ -115,9 +124,7 @@ async def run_workload(url: str, model: str, w: Workload) -> dict[str, Any]:
             for b in w.batches:
                 streams = await asyncio.gather(*(stream(client, url, model, prompts.new(w.decode_prompt_tokens),
                                                         w.decode_tokens) for _ in range(b)))
-                gaps = _gaps_while_all_decode(list(streams))
-                decode.append({"batch": b, "repeat": rep, "step_s": statistics.median(gaps) if gaps else None,
-                               "gaps": len(gaps)})
+                decode.append({"batch": b, "repeat": rep, "step_s": _step_while_all_decode(list(streams))})
         mixed = [await _mixed(client, url, model, prompts, b, n, w) for b, n in w.mixed for _ in range(w.repeats)]
     return {"workload": asdict(w), "prefill": prefill, "decode": decode, "mixed": mixed}
 

@@ -106,7 +106,7 @@ class RequestParser:
         if model is not None and model != self.model_name:
             raise ApiError(404, f"The model `{model}` does not exist. Valid aliases: {self.model_name}.",
                            "NotFoundError", "model")
-        if body.get("n", 1) != 1 or body.get("best_of") not in (None, 1):
+        if body.get("n") not in (None, 1) or body.get("best_of") not in (None, 1):
             raise bad_request("the sim serves one choice per request (n=1)", "n")
         if body.get("logprobs") not in (None, False) or body.get("prompt_logprobs") is not None:
             raise bad_request("the sim produces no logprobs", "logprobs")

@@ -255,3 +255,37 @@ def test_request_latency_delays_scheduling_without_occupying_the_engine() -> Non
     b_first = next(s for s in steps if any(o.request_id == "b" for o in s.outputs))
     assert b_first.start_s >= 0.35 + 0.3 - 1e-9  # a's decode steps went on meanwhile
     assert [o.ttft_s for o in b_first.outputs if o.request_id == "b"] == [pytest.approx(b_first.end_s - 0.35)]
+
+
+def test_a_discrete_event_loop_drives_many_engines_in_virtual_time() -> None:
+    """The documented driving API (docs/sim.md): arrivals and step ends on one heap, no clock, no sockets."""
+    import heapq
+
+    cost = CostModel(base_s=0.002, prefill_token_s=1e-5, decode_seq_s=1e-4, request_latency_s=0.01)
+    engines = [engine(cost=cost) for _ in range(4)]
+    events: list[tuple[float, int, str, int]] = []  # (time, tie-break, kind, engine index)
+    for i in range(40):  # 40 requests, 10 per engine, 5 ms apart
+        heapq.heappush(events, (0.005 * i, i, "arrive", i % 4))
+    pending = dict.fromkeys(range(4), 0)
+    ttft: dict[str, float] = {}
+    busy = [False] * 4
+    seq = 1000
+    while events:
+        t, _, kind, e = heapq.heappop(events)
+        eng = engines[e]
+        if kind == "arrive":
+            eng.add_request(spec(f"e{e}-{pending[e]}", [e + 1] * 40, max_tokens=5, seed=pending[e]), t)
+            pending[e] += 1
+        else:
+            result = eng.step(t)
+            ttft.update({o.request_id: o.ttft_s for o in result.outputs if o.ttft_s is not None})
+            busy[e] = False
+        due = eng.next_event_time()
+        if due is not None and not busy[e]:
+            busy[e] = True
+            seq += 1
+            # A step starts when due; its results exist at its end, when the next one may start.
+            heapq.heappush(events, (max(due, t), seq, "step", e))
+    assert len(ttft) == 40 and all(eng.next_event_time() is None for eng in engines)
+    assert ttft["e0-0"] == pytest.approx(0.01 + 0.002 + 40 * 1e-5)  # latency + one prefill step
+    assert ttft["e0-1"] == pytest.approx(0.01 + 0.002 + 8 * 1e-5)  # the same prompt: 2 blocks cached
