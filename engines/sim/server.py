@@ -95,9 +95,10 @@ async def _generate(worker: WorkerView, request: Request, kind: str) -> Response
     if parsed.stream:
         return StreamingResponse(_stream(worker, parsed, request_id, queue, shaper), media_type="text/event-stream")
     try:
-        return await _unless_disconnected(request, _collect(worker, request_id, queue, shaper))
+        response = await _unless_disconnected(request, _collect(worker, request_id, queue, shaper))
     finally:
         worker.driver.abort(request_id)  # a no-op once it finished
+    return response if response is not None else Response(status_code=499)  # nobody is listening
 
 
 async def _stream(worker: WorkerView, parsed: ParsedRequest, request_id: str, queue: OutputQueue,
@@ -139,15 +140,17 @@ async def _collect(worker: WorkerView, request_id: str, queue: OutputQueue, shap
     return JSONResponse(shaper.response(text, ids, out.finish_reason, out.prompt_tokens, out.cached_tokens))
 
 
-async def _unless_disconnected(request: Request, work: Awaitable[T]) -> T:
-    """Await `work`, cancelling it if the client disconnects first (the body is already read)."""
+async def _unless_disconnected(request: Request, work: Awaitable[T]) -> T | None:
+    """Await `work`; None, with `work` cancelled, if the client disconnects first (the body is read)."""
     task = asyncio.ensure_future(work)
     watcher = asyncio.ensure_future(_disconnected(request.receive))
     try:
         done, _ = await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
-        if task not in done:
-            task.cancel()
-        return await task
+        if task in done:
+            return task.result()
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        return None
     finally:
         watcher.cancel()
 

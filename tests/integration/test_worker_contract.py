@@ -363,19 +363,28 @@ def test_an_unknown_model_is_a_404(worker: Contract) -> None:
         assert (error["type"], error["code"]) == ("NotFoundError", 404) and "does not exist" in error["message"]
 
 
+def _settles_idle(w: Contract) -> float:
+    running = 1.0
+    for _ in range(200):  # bounded: the abort is seen within a step or two
+        running = _value(_metrics(w), "vllm:num_requests_running")
+        if running == 0:
+            break
+        time.sleep(0.05)
+    return running
+
+
 def test_a_disconnect_aborts_the_request(worker: Contract) -> None:
     body = {"model": MODEL, "prompt": _prompt(11, 40), "max_tokens": 1900, "ignore_eos": True, "stream": True}
     with httpx.stream("POST", worker.url + "/v1/completions", json=body, timeout=120) as r:
         for line in r.iter_lines():
             if line.startswith("data: {"):
                 break  # the request is running; leaving the block disconnects
-    running = 1.0
-    for _ in range(200):  # bounded: the abort is seen within a step or two
-        running = _value(_metrics(worker), "vllm:num_requests_running")
-        if running == 0:
-            break
-        time.sleep(0.05)
-    assert running == 0
+    assert _settles_idle(worker) == 0
+    before = _value(_metrics(worker), "vllm:generation_tokens_total")
+    with pytest.raises(httpx.TimeoutException):  # not streamed: the client gives up mid-generation
+        httpx.post(worker.url + "/v1/completions", json={**body, "stream": False}, timeout=0.5)
+    assert _settles_idle(worker) == 0
+    assert _value(_metrics(worker), "vllm:generation_tokens_total") - before < 1900
 
 
 def test_registered_with_the_gateway_whose_prediction_matches_the_reported_cache(worker: Contract) -> None:
