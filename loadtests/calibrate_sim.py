@@ -109,8 +109,20 @@ class Process:
         self.proc.wait()
 
 
+QUIET = {"max_load": float("inf"), "max_wait_s": 0.0}  # set from --max-load / --max-wait-s
+
+
+def _wait_quiet() -> float:
+    """Wait (bounded) until the 1-minute load average is below --max-load; returns it."""
+    deadline = time.monotonic() + QUIET["max_wait_s"]
+    while os.getloadavg()[0] > QUIET["max_load"] and time.monotonic() < deadline:
+        time.sleep(10)
+    return os.getloadavg()[0]
+
+
 def _measure(argv: list[str], url: str, log: Path, workload: Workload, env: dict[str, str] | None = None
              ) -> tuple[dict[str, Any], str]:
+    _wait_quiet()
     proc = Process(argv, log, env)
     try:
         ready_s = proc.wait_healthy(url)
@@ -155,19 +167,22 @@ def main() -> int:
     p.add_argument("--kv-cache-gib", type=int, default=1, help="VLLM_CPU_KVCACHE_SPACE for the real worker")
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--decode-tokens", type=int, default=32)
-    p.add_argument("--real-results", type=Path, help="reuse a real vLLM measurement (JSON saved by a run)")
+    p.add_argument("--refit", action="store_true",
+                   help="reuse this profile's real vLLM measurement from the report; fit and check the sim again")
+    p.add_argument("--max-load", type=float, default=float("inf"),
+                   help="before each phase, wait until the 1-minute load average is below this (shared machines)")
+    p.add_argument("--max-wait-s", type=float, default=1800.0, help="longest wait for --max-load per phase")
     args = p.parse_args()
+    QUIET.update(max_load=args.max_load, max_wait_s=args.max_wait_s)
     workload = Workload(repeats=args.repeats, decode_tokens=args.decode_tokens)
     model_dir = _model_dir(args.model)
     with tempfile.TemporaryDirectory(prefix="sim-calib-") as tmp:
         scratch = Path(tmp)
-        if args.real_results:
-            saved = json.loads(args.real_results.read_text())
-            real, blocks = saved["real"], saved["num_gpu_blocks"]
+        if args.refit:
+            saved = json.loads(REPORT.read_text())["profiles"][args.profile]
+            real, blocks = saved["raw"]["real"], saved["num_gpu_blocks"]
         else:
             real, blocks = measure_vllm(model_dir, args.kv_cache_gib, workload, scratch)
-            raw = REPORT.with_name(f"sim_calibration_{args.profile}_real.json")
-            raw.write_text(json.dumps({"real": real, "num_gpu_blocks": blocks}, indent=1))
         zero = measure_sim(model_dir, "zero", blocks, workload, scratch)
         profile, fit = fit_profile(args.profile, args.model, real, zero, blocks, workload)
         path = PROFILES / f"{args.profile}.json"

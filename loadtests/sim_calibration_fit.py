@@ -31,20 +31,22 @@ QUANTILE = 0.25
 
 def per_point(result: dict[str, Any], q: float = QUANTILE) -> dict[str, dict[Any, float]]:
     """Per workload point, the `q` quantile over repeats (0.5: the median)."""
-    out: dict[str, dict[Any, list[float]]] = {"cold": {}, "warm": {}, "decode": {}, "mixed_ttft": {},
-                                              "mixed_gap": {}}
+    out: dict[str, dict[Any, list[float]]] = {"cold": {}, "warm": {}, "decode": {}, "decode_client": {},
+                                              "mixed_ttft": {}, "mixed_gap": {}}
     for row in result["prefill"]:
         out["cold"].setdefault(row["tokens"], []).append(row["cold_ttft_s"])
         out["warm"].setdefault(row["tokens"], []).append(row["warm_ttft_s"])
     for row in result["decode"]:
         if row["step_s"] is not None:
             out["decode"].setdefault(row["batch"], []).append(row["step_s"])
+        if row.get("client_step_s") is not None:
+            out["decode_client"].setdefault(row["batch"], []).append(row["client_step_s"])
     for row in result["mixed"]:
         key = f"{row['batch']}x{row['tokens']}"
         out["mixed_ttft"].setdefault(key, []).append(row["ttft_s"])
         if row["max_gap_s"] is not None:
             out["mixed_gap"].setdefault(key, []).append(row["max_gap_s"])
-    return {k: {x: float(np.quantile(v, q)) for x, v in d.items()} for k, d in out.items()}
+    return {k: {x: float(np.quantile(v, q)) for x, v in d.items() if v} for k, d in out.items()}
 
 
 def step_work(kind: str, x: int, block: int) -> StepWork:
@@ -119,4 +121,4 @@ def summarize(real: dict[str, Any], zero: dict[str, Any], sim: dict[str, Any], p
                             "max_abs_rel_error": float(np.max(np.abs(rel))), "points": len(rel)}
     return {"points": points, "errors": errors, "statistic": f"quantile {QUANTILE} over repeats",
             "fitted": ["cold", "warm", "decode"],
-            "validation_only": ["mixed_ttft", "mixed_gap"], "cost": profile["cost"]}
+            "validation_only": ["decode_client", "mixed_ttft", "mixed_gap"], "cost": profile["cost"]}

@@ -6,6 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+VALIDATION = ("decode_client", "mixed_ttft", "mixed_gap")
+
 
 def plot(report: dict[str, Any], path: Path) -> None:
     import matplotlib
@@ -17,13 +19,18 @@ def plot(report: dict[str, Any], path: Path) -> None:
     fig, axes = plt.subplots(len(sections), 4, figsize=(18, 4.2 * len(sections)), squeeze=False)
     for row, (name, section) in zip(axes, sections.items(), strict=True):
         points = section["comparison"]["points"]
-        panels = (("cold", "cold TTFT", "prompt tokens"), ("warm", "warm TTFT (prefix cached)", "prompt tokens"),
-                  ("decode", "decode step time", "batch (sequences)"))
+        panels = (("cold", "cold TTFT (client)", "prompt tokens"),
+                  ("warm", "warm TTFT (prefix cached, client)", "prompt tokens"),
+                  ("decode", "decode step time (engine ITL; dotted: client)", "batch (sequences)"))
         for ax, (kind, title, xlabel) in zip(row, panels, strict=False):
-            pts = sorted((p for p in points if p["kind"] == kind), key=lambda p: p["x"])
-            xs = [p["x"] for p in pts]
-            ax.plot(xs, [p["real_s"] * 1e3 for p in pts], "o-", label="real vLLM", color="tab:blue")
-            ax.plot(xs, [p["sim_s"] * 1e3 for p in pts], "s--", label="sim (fitted profile)", color="tab:orange")
+            for k, style, label in ((kind, "-", ""), ("decode_client", ":", " (client)")):
+                if k != kind and kind != "decode":
+                    continue
+                pts = sorted((p for p in points if p["kind"] == k), key=lambda p: p["x"])
+                xs = [p["x"] for p in pts]
+                ax.plot(xs, [p["real_s"] * 1e3 for p in pts], "o" + style, label="real vLLM" + label,
+                        color="tab:blue")
+                ax.plot(xs, [p["sim_s"] * 1e3 for p in pts], "s" + style, label="sim" + label, color="tab:orange")
             ax.set_title(f"{name}: {title}", fontsize=9)
             ax.set_xlabel(xlabel)
             ax.set_ylabel("ms")
@@ -32,13 +39,14 @@ def plot(report: dict[str, Any], path: Path) -> None:
             ax.grid(alpha=0.3)
             ax.legend(fontsize=8)
         ax = row[3]
-        pts = [p for p in points if p["kind"] in ("cold", "warm", "decode", "mixed_ttft", "mixed_gap")]
+        pts = [p for p in points if p["kind"] in ("cold", "warm", "decode", "decode_client", "mixed_ttft",
+                                                  "mixed_gap")]
         labels = [f"{p['kind']}:{p['x']}" for p in pts]
         ax.barh(range(len(pts)), [100 * p["rel_error"] for p in pts],
-                color=["tab:gray" if p["kind"].startswith("mixed") else "tab:green" for p in pts])
+                color=["tab:gray" if p["kind"] in VALIDATION else "tab:green" for p in pts])
         ax.set_yticks(range(len(pts)), labels, fontsize=6)
         ax.axvline(0, color="black", lw=0.5)
-        ax.set_xlabel("sim − real, % of real (grey: mixed, not fitted)")
+        ax.set_xlabel("sim − real, % of real (grey: not fitted)")
         ax.set_title(f"{name}: error per point", fontsize=9)
         ax.invert_yaxis()
     fig.tight_layout()

@@ -28,7 +28,7 @@ if TYPE_CHECKING:  # the CLI imports this module to add flags; the servers are i
 
 log = logging.getLogger(__name__)
 
-DEFAULT_PROFILE = "vllm-cpu-tiny-llama"
+DEFAULT_PROFILE = "vllm-cpu-smollm2-135m"  # the default LLM's
 _WILDCARD_HOSTS = ("0.0.0.0", "::", "")
 _FALLBACK_MAX_MODEL_LEN = 2048
 

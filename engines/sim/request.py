@@ -86,6 +86,7 @@ class SimRequest:
     # Prompt tokens served from the prefix cache at the first scheduling: whole blocks.
     cached_tokens: int | None = None
     first_token_s: float | None = None
+    last_token_s: float | None = None
     num_preemptions: int = 0
     finish_reason: SimFinishReason | None = None
 

@@ -179,17 +179,20 @@ class Scheduler:
         request.output_token_ids.append(token)
         counters = self.counters
         counters.generation_tokens += 1
-        ttft_s = None
+        ttft_s = itl_s = None
         if request.first_token_s is None:
             request.first_token_s = end_s
             ttft_s = end_s - request.arrival_s
             counters.prompt_tokens += request.num_prompt_tokens
             counters.prompt_tokens_cached += request.cached_tokens or 0
+        elif request.last_token_s is not None:
+            itl_s = end_s - request.last_token_s
+        request.last_token_s = end_s
         reason = self._finish_reason(request, token)
         if reason is not None:
             self._finish(request, reason)
         return RequestOutput(request.request_id, (token,), reason, request.num_prompt_tokens,
-                             request.cached_tokens or 0, len(request.output_token_ids), ttft_s)
+                             request.cached_tokens or 0, len(request.output_token_ids), ttft_s, itl_s)
 
     def _finish_reason(self, request: SimRequest, token: int) -> SimFinishReason | None:
         if not request.ignore_eos and token == self.config.eos_token_id and self.config.eos_prob > 0:

@@ -217,10 +217,11 @@ def test_metrics_have_vllms_names_labels_and_cache_config(worker: Contract) -> N
     assert 'enable_prefix_caching="True"' in info
     delta = {name: _value(after, name) - _value(before, name) for name in (
         "vllm:prompt_tokens_total", "vllm:generation_tokens_total", "vllm:prefix_cache_queries_total",
-        "vllm:prefix_cache_hits_total", "vllm:time_to_first_token_seconds_count")}
+        "vllm:prefix_cache_hits_total", "vllm:time_to_first_token_seconds_count",
+        "vllm:inter_token_latency_seconds_count")}
     assert delta == {"vllm:prompt_tokens_total": 2 * len(ids), "vllm:generation_tokens_total": 6,
                      "vllm:prefix_cache_queries_total": 2 * len(ids), "vllm:prefix_cache_hits_total": BLOCK,
-                     "vllm:time_to_first_token_seconds_count": 2}
+                     "vllm:time_to_first_token_seconds_count": 2, "vllm:inter_token_latency_seconds_count": 4}
     assert 0 <= _value(after, "vllm:kv_cache_usage_perc") <= 1
 
 
@@ -373,7 +374,7 @@ def _settles_idle(w: Contract) -> float:
     return running
 
 
-def test_a_disconnect_aborts_the_request(worker: Contract) -> None:
+async def test_a_disconnect_aborts_the_request(worker: Contract) -> None:
     body = {"model": MODEL, "prompt": _prompt(11, 40), "max_tokens": 1900, "ignore_eos": True, "stream": True}
     with httpx.stream("POST", worker.url + "/v1/completions", json=body, timeout=120) as r:
         for line in r.iter_lines():
@@ -381,8 +382,14 @@ def test_a_disconnect_aborts_the_request(worker: Contract) -> None:
                 break  # the request is running; leaving the block disconnects
     assert _settles_idle(worker) == 0
     before = _value(_metrics(worker), "vllm:generation_tokens_total")
-    with pytest.raises(httpx.TimeoutException):  # not streamed: the client gives up mid-generation
-        httpx.post(worker.url + "/v1/completions", json={**body, "stream": False}, timeout=0.5)
+    async with httpx.AsyncClient(timeout=120) as client:  # not streamed: the client leaves mid-generation
+        waiting = asyncio.create_task(client.post(worker.url + "/v1/completions", json={**body, "stream": False}))
+        for _ in range(200):  # bounded: until the worker runs it
+            if _value(_metrics(worker), "vllm:num_requests_running") == 1:
+                break
+            await asyncio.sleep(0.05)
+        waiting.cancel()  # closes the connection
+        await asyncio.gather(waiting, return_exceptions=True)
     assert _settles_idle(worker) == 0
     assert _value(_metrics(worker), "vllm:generation_tokens_total") - before < 1900
 
