@@ -2,11 +2,13 @@
 
 The sim is a modelled engine (no model runs); this checks the fleet plumbing only:
 consecutive ports, one KV-event port pair per replica, one registration per replica,
-requests routed to each, the profile labelled on /metrics, deregistration on SIGTERM.
+requests routed to each, the profile labelled on /metrics, a non-streamed request aborted when
+its client leaves, deregistration on SIGTERM.
 """
 
 from __future__ import annotations
 
+import asyncio
 import signal
 import socket
 import subprocess
@@ -112,6 +114,30 @@ def test_the_profile_is_labelled_on_metrics_and_the_model_card(fleet: Fleet) -> 
     assert metric_value(text, "sluice_sim_info", {"profile": f"numbers:{PROFILE}", "source": "numbers"}) == 1
     card = httpx.get(url + "/v1/models", timeout=10).json()["data"][0]
     assert (card["owned_by"], card["sim_profile"]) == ("sluice-sim", f"numbers:{PROFILE}")
+
+
+async def test_a_non_streamed_request_is_aborted_when_its_client_leaves(fleet: Fleet) -> None:
+    url = f"http://127.0.0.1:{fleet.port + 1}"
+
+    def metric(name: str) -> float:
+        return metric_value(httpx.get(url + "/metrics", timeout=10).text, name) or 0.0
+
+    body = {"model": MODEL, "prompt": [9] * 30, "max_tokens": 1900, "ignore_eos": True}
+    before = metric("vllm:generation_tokens_total")
+    async with httpx.AsyncClient(timeout=60) as client:
+        waiting = asyncio.create_task(client.post(url + "/v1/completions", json=body))
+        for _ in range(200):  # bounded: until it runs
+            if metric("vllm:num_requests_running") == 1:
+                break
+            await asyncio.sleep(0.05)
+        waiting.cancel()  # closes the connection
+        await asyncio.gather(waiting, return_exceptions=True)
+    for _ in range(200):  # bounded: the abort lands within a step or two
+        if metric("vllm:num_requests_running") == 0:
+            break
+        await asyncio.sleep(0.05)
+    assert metric("vllm:num_requests_running") == 0
+    assert metric("vllm:generation_tokens_total") - before < 1900
 
 
 def test_sigterm_deregisters_every_replica(fleet: Fleet) -> None:

@@ -374,22 +374,16 @@ def _settles_idle(w: Contract) -> float:
     return running
 
 
-async def test_a_disconnect_aborts_the_request(worker: Contract) -> None:
+def test_a_disconnect_aborts_a_streamed_request(worker: Contract) -> None:
+    # Streamed only: that is how the gateway talks to workers. vLLM 0.32 was seen to finish a
+    # non-streamed completion whose client had gone (all 1900 tokens), so that is no part of the
+    # contract; the sim's own handling of it is tested in test_sim_fleet.py.
     body = {"model": MODEL, "prompt": _prompt(11, 40), "max_tokens": 1900, "ignore_eos": True, "stream": True}
+    before = _value(_metrics(worker), "vllm:generation_tokens_total")
     with httpx.stream("POST", worker.url + "/v1/completions", json=body, timeout=120) as r:
         for line in r.iter_lines():
             if line.startswith("data: {"):
                 break  # the request is running; leaving the block disconnects
-    assert _settles_idle(worker) == 0
-    before = _value(_metrics(worker), "vllm:generation_tokens_total")
-    async with httpx.AsyncClient(timeout=120) as client:  # not streamed: the client leaves mid-generation
-        waiting = asyncio.create_task(client.post(worker.url + "/v1/completions", json={**body, "stream": False}))
-        for _ in range(200):  # bounded: until the worker runs it
-            if _value(_metrics(worker), "vllm:num_requests_running") == 1:
-                break
-            await asyncio.sleep(0.05)
-        waiting.cancel()  # closes the connection
-        await asyncio.gather(waiting, return_exceptions=True)
     assert _settles_idle(worker) == 0
     assert _value(_metrics(worker), "vllm:generation_tokens_total") - before < 1900
 
