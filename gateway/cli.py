@@ -112,10 +112,12 @@ def _weights(value: str) -> dict[str, float]:
 
 def _worker_parser(sub: Any) -> None:
     from engines.launchers import add_worker_arguments
+    from engines.sim.launch import add_sim_arguments
 
-    p = sub.add_parser("worker", help="start an LLM engine worker (transformers, vllm, trtllm)")
-    p.add_argument("--engine", required=True, choices=["transformers", "vllm", "trtllm"])
+    p = sub.add_parser("worker", help="start an LLM engine worker (transformers, vllm, trtllm, or the sim model)")
+    p.add_argument("--engine", required=True, choices=["transformers", "vllm", "trtllm", "sim"])
     add_worker_arguments(p)
+    add_sim_arguments(p)
     p.add_argument("--model-repository", type=Path, default=Path("model_repository"))
     p.add_argument("--max-batch-size", type=int, default=32, help="transformers engine batch size")
     p.add_argument("--log-level", default="info")
@@ -168,6 +170,13 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _worker(args: argparse.Namespace) -> int:
+    if args.engine == "sim":
+        import logging
+
+        from engines.sim.launch import run_sim
+
+        logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        return run_sim(args)
     if args.engine != "transformers":
         from engines.launchers import run_worker
 
