@@ -121,14 +121,15 @@ async def _two_streams(http: httpx.AsyncClient, tag: str, long_tokens: int, shor
 
 async def _mid_stream(http: httpx.AsyncClient, tag: str, short_tokens: int
                       ) -> tuple[list[Stream], list[asyncio.Task[None]]]:
-    """Two streams under way, the first long one still running. The fault must land mid-stream:
-    on a loaded machine the second can start so late that the first has finished; then the
-    scenario is set up again (at most three times)."""
+    """Two streams under way, the first long one not yet half done. The fault must land mid-stream:
+    on a loaded machine the second can start so late that the first has (nearly) finished; then
+    the scenario is set up again (at most three times)."""
+    long_tokens = 1900
     for attempt in range(3):
-        streams, tasks = await _two_streams(http, f"{tag} {attempt}", 1900, short_tokens)
-        if not tasks[0].done():
+        streams, tasks = await _two_streams(http, f"{tag} {attempt}", long_tokens, short_tokens)
+        if not tasks[0].done() and len(streams[0].payloads) < long_tokens // 2:
             return streams, tasks
-        await asyncio.wait_for(tasks[1], 120)
+        await asyncio.wait_for(asyncio.gather(*tasks), 120)
     raise AssertionError("the long stream kept finishing before the fault")
 
 
