@@ -159,5 +159,3 @@ class RouterState:
             m.breaker.labels(name).set(int(w.health.breaker.state(now)))
             m.in_flight.labels(name).set(self.load.local(name)[0])
             m.index_blocks.labels(name).set(self.index.size(name))
-        if self.shared is not None:
-            m.redis_up.set(1 if self.shared.connected else 0)

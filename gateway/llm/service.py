@@ -20,7 +20,7 @@ from gateway.llm.dispatch import Dispatch, start_dispatch
 from gateway.llm.metering import TokenQuota
 from gateway.llm.params import GenerationParams, check, sampling_for
 from gateway.llm.registry import LLMModel, ModelRegistry
-from gateway.llm.targets import RouteHints
+from gateway.llm.targets import LocalBackend, RouteHints
 from gateway.metrics import LLMMetrics
 
 
@@ -104,8 +104,10 @@ class LLMService:
     def ready(self) -> bool:
         return self.registry.ready()
 
-    def engine_stats(self) -> list[tuple[str, EngineStats]]:
-        return [(m.name, e.stats()) for m in self.registry.models.values() for _, e in m.backend.engines()]
+    def engine_stats(self) -> list[tuple[str, str, EngineStats]]:
+        """(model, worker, stats) of every in-process engine; remote workers report through the router."""
+        return [(m.name, worker, e.stats()) for m in self.registry.models.values()
+                if isinstance(m.backend, LocalBackend) for worker, e in m.backend.engines()]
 
     def _engine_requests(self, call: GenerateCall) -> list[EngineRequest]:
         out = []
