@@ -65,6 +65,8 @@ class Settings(BaseSettings):
     admin_keys: str | None = Field(default=None, repr=False)  # SLUICE_ADMIN_KEYS, comma-separated
     admin_keys_file: Path | None = None
     metrics_require_key: bool = False  # /metrics then needs an API or admin key
+    metrics_port: int | None = Field(default=None, ge=0, le=65535)  # /metrics on a port of its own too
+    otlp_endpoint: str | None = None  # OTLP/HTTP traces endpoint, e.g. http://collector:4318/v1/traces
     forwarded_allow_ips: str = ""  # proxies whose X-Forwarded-For/-Proto uvicorn applies (comma-separated)
     cors_allow_origins: str = ""  # comma-separated; empty: no CORS headers
     # Per-key quotas (0: unlimited); a keys file overrides them per key.

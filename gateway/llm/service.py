@@ -22,6 +22,7 @@ from gateway.llm.params import GenerationParams, check, sampling_for
 from gateway.llm.registry import LLMModel, ModelRegistry
 from gateway.llm.targets import LocalBackend, RouteHints
 from gateway.metrics import LLMMetrics
+from gateway.tracing import Tracing
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,8 +52,9 @@ class GenerateCall:
 
 class LLMService:
     def __init__(self, metrics: LLMMetrics, admission: AdmissionConfig | None = None, max_fanout: int = 128,
-                 tokens: TokenQuota | None = None) -> None:
+                 tokens: TokenQuota | None = None, tracing: Tracing | None = None) -> None:
         self.metrics = metrics
+        self.tracing = tracing or Tracing(None)
         self.registry = ModelRegistry(admission or AdmissionConfig())
         self.max_fanout = max_fanout  # engine requests one API request may create
         self.tokens = tokens
@@ -75,11 +77,15 @@ class LLMService:
         prompt_tokens = sum(len(p.token_ids) for p in call.prompts)
         if key_id is not None and meter is not None:
             await meter.reserve_tokens(key_id, prompt_tokens)
+        trace = self.tracing.begin(call.model.name, call.request_id, prompt_tokens, len(requests))
         try:
-            ranked = [call.model.backend.rank(r, call.hints) for r in requests]
+            with trace.routing():
+                ranked = [call.model.backend.rank(r, call.hints) for r in requests]
+                trace.routed(ranked[0][0], len(requests))
             ticket = call.model.admission.try_admit(len(requests))
-            d = start_dispatch(self.metrics, call.model, requests, ranked, ticket, call.request_id)
-        except BaseException:
+            d = start_dispatch(self.metrics, call.model, requests, ranked, ticket, call.request_id, trace)
+        except BaseException as e:
+            trace.end(e)
             if key_id is not None and meter is not None:
                 meter.refund_tokens(key_id, prompt_tokens)  # refused before it ran (queue full, no worker)
             raise
