@@ -7,12 +7,16 @@ Router and KServe collectors register onto the same registry.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from engines.base import EngineStats
+
+if TYPE_CHECKING:
+    from gateway.llm.admission import AdmissionConfig
 
 _LATENCY_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 _ITL_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.5)
@@ -47,9 +51,32 @@ class LLMMetrics:
                             ["model"], registry=r)
         self.retries = Counter("sluice_request_retries", "Requests moved to the next-ranked worker after a "
                                "failure before the first byte.", ["model"], registry=r)
+        self.inflight_limit = Gauge("sluice_requests_inflight_limit",
+                                    "Admitted LLM requests a model may have at once (--max-running).", ["model"],
+                                    registry=r)
+        self.queued_limit = Gauge("sluice_requests_queued_limit",
+                                  "LLM requests a model may have waiting before 503 (--max-queued).", ["model"],
+                                  registry=r)
         self.finished = Counter("sluice_request_finished", "Finished generations (one per choice), by model and "
                                 "finish reason (stop, length, abort, error...).", ["model", "finish_reason"],
                                 registry=r)
+
+
+    def model_changed(self, admission: AdmissionConfig, model: str, added: bool) -> None:
+        """A model was added (its series start at 0, so rate() and alerts see it before any event)
+        or removed (its gauges go)."""
+        if not added:
+            for gauge in (self.inflight_limit, self.queued_limit, self.inflight, self.queued):
+                try:
+                    gauge.remove(model)
+                except KeyError:
+                    pass
+            return
+        self.inflight_limit.labels(model).set(admission.max_running)
+        self.queued_limit.labels(model).set(admission.max_queued)
+        for series in (self.inflight, self.queued, self.retries, self.prompt_tokens, self.generation_tokens,
+                       self.cached_tokens):
+            series.labels(model)
 
 
 class EngineStatsCollector(Collector):

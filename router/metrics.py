@@ -76,6 +76,17 @@ class RouterMetrics:
         self._window.append(within)
         self.accuracy.set(sum(self._window) / len(self._window))
 
+    def init_worker(self, worker: str, has_events: bool) -> None:
+        """Start a new worker's counters at 0, so that rate() and alerts see them before any event."""
+        tasks = ("health", "scrape", "kv-events") if has_events else ("health", "scrape")
+        for task in tasks:
+            self.task_restarts.labels(task, worker)
+        if has_events:
+            for c in (self.kv_events, self.kv_gaps, self.kv_replays):
+                c.labels(worker)
+            for reason in KV_RESET_REASONS:
+                self.kv_resets.labels(worker, reason)
+
     def forget_worker(self, worker: str) -> None:
         for g in (self.healthy, self.breaker, self.in_flight, self.index_blocks, self.kv_events,
                   self.kv_gaps, self.kv_replays, self.kv_lag):

@@ -66,6 +66,7 @@ class RouterState:
         block_size = info.block_size or (old.block_size if old else c.default_block_size)
         entry = WorkerEntry(info, health, applier, block_size)
         self.workers[info.name] = entry
+        self.metrics.init_worker(info.name, info.has_events)
         capacity = None if info.has_events else (info.capacity_blocks or c.approx_capacity_blocks)
         self.index.add_worker(info.name, capacity)
         return entry

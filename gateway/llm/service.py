@@ -56,6 +56,7 @@ class LLMService:
         self.metrics = metrics
         self.tracing = tracing or Tracing(None)
         self.registry = ModelRegistry(admission or AdmissionConfig())
+        self.registry.on_change = partial(metrics.model_changed, self.registry.admission)
         self.max_fanout = max_fanout  # engine requests one API request may create
         self.tokens = tokens
         self._live: weakref.WeakSet[Dispatch] = weakref.WeakSet()  # for interrupt_all; closed ones are skipped
