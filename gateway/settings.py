@@ -106,6 +106,9 @@ class Settings(BaseSettings):
         self.router_config()
         if self.redis_url is not None:
             validate_redis_url(self.redis_url)
+        if self.otlp_endpoint is not None and not self.otlp_endpoint.startswith(("http://", "https://")):
+            raise ValueError(f"otlp endpoint must be an http:// or https:// URL (OTLP/HTTP), got "
+                             f"{self.otlp_endpoint!r}")
         for spec in self.k8s_discovery:
             parse_discovery(spec)
         if self.k8s_discovery:

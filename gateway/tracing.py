@@ -119,10 +119,14 @@ class Tracing:
 
 
 def _provider(endpoint: str, version: str) -> TracerProvider:
-    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-    from opentelemetry.sdk.resources import Resource
-    from opentelemetry.sdk.trace import TracerProvider
-    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+    try:
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+        from opentelemetry.sdk.resources import Resource
+        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace.export import BatchSpanProcessor
+    except ImportError as e:
+        raise ValueError(f"--otlp-endpoint needs the OpenTelemetry SDK and its OTLP/HTTP exporter "
+                         f"(pip install 'sluice-gateway[tracing]'): {e}") from None
 
     attributes = {"service.version": version}
     if not os.environ.get("OTEL_SERVICE_NAME"):

@@ -62,8 +62,9 @@ def render(prom: str, board: dict[str, Any], minutes: float, rate_interval: str,
     empty = []
     for panel in panels:
         g = panel["gridPos"]
-        ax = fig.add_axes((g["x"] / 24 + 0.01, 1 - (g["y"] + g["h"]) / rows + 0.03, g["w"] / 24 - 0.02,
-                           g["h"] / rows - 0.07))
+        # Room on the left of each panel for its tick labels, and above it for its title.
+        ax = fig.add_axes((g["x"] / 24 + 0.035, 1 - (g["y"] + g["h"]) / rows + 0.025, g["w"] / 24 - 0.045,
+                           g["h"] / rows - 0.06))
         unit = panel.get("fieldConfig", {}).get("defaults", {}).get("unit", "")
         ax.set_title(f"{panel['title']}" + (f" [{unit}]" if unit and unit != "short" else ""), fontsize=8)
         ax.tick_params(labelsize=6)

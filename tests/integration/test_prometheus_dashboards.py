@@ -11,6 +11,7 @@ rule parses and returns data.
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -99,7 +100,8 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         traffic = Traffic(gateway.url, MAIN_KEY, TIGHT_KEY, LOCAL_LLM, SIM_LLM, "sim-0")
         traffic.wait_for_models()
         prometheus.start()
-        traffic.run(seconds=12.0)
+        # SLUICE_OBSERVE_TRAFFIC_S: a longer run gives the rendered picture more history (the README's).
+        traffic.run(seconds=float(os.environ.get("SLUICE_OBSERVE_TRAFFIC_S", "12")))
         _wait_scraped(prometheus)
         yield Stack(gateway, metrics_port, prometheus, traffic)
     finally:
@@ -239,14 +241,13 @@ def test_the_checks_can_fail(stack: Stack) -> None:
 
 def test_render_the_llm_overview(stack: Stack, tmp_path: Path) -> None:
     """The README's picture: the LLM overview's panels drawn from Prometheus's answers."""
-    import os
-
     out = Path(os.environ.get("SLUICE_TEST_ARTIFACTS", ROOT / "tests" / "artifacts")) / "dashboards"
     out.mkdir(parents=True, exist_ok=True)
     path = out / "llm-overview.png"
+    minutes = max(1.0, float(os.environ.get("SLUICE_OBSERVE_TRAFFIC_S", "12")) / 60 + 0.3)
     proc = subprocess.run([sys.executable, str(ROOT / "deploy" / "grafana" / "render.py"),
                            "--prometheus", stack.prometheus.url, "--dashboard",
-                           str(ROOT / "deploy" / "grafana" / "llm-overview.json"), "--minutes", "2",
+                           str(ROOT / "deploy" / "grafana" / "llm-overview.json"), "--minutes", str(minutes),
                            "--out", str(path)], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert path.stat().st_size > 20_000

@@ -6,6 +6,7 @@ Bounded in count and time; loopback only."""
 from __future__ import annotations
 
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import httpx
@@ -54,6 +55,10 @@ class Traffic:
             assert "[DONE]" in "".join(r.iter_text())
 
     def _round(self, i: int) -> None:
+        if i % 4 == 0:  # a burst: requests overlap on the worker and in the in-process engine's batch
+            with ThreadPoolExecutor(4) as pool:
+                list(pool.map(lambda j: self._stream_chat(self.sim_llm if j % 2 else self.local_llm,
+                                                          f"Burst {i} {j}.", SYSTEM), range(4)))
         self._stream_chat(self.local_llm, f"Say hello {i % 3}.")
         self._stream_chat(self.sim_llm, f"Question {i % 4}?", SYSTEM)  # the shared system prompt is cached
         assert self._post("/v1/completions", {"model": self.sim_llm, "prompt": SYSTEM + f" Item {i}.",
