@@ -21,7 +21,7 @@ from router.applier import EventApplier
 from router.config import RouterConfig, WorkerInfo
 from router.events import BlockRemoved, BlockStored, EventBatch, KVEvent
 from router.health import CircuitBreaker, WorkerHealth
-from router.cost import KvPressure, queue_s
+from router.cost import KvPressure
 from router.index import PrefixIndex
 from router.learning import CostLearner
 from router.load import LoadTracker, ScrapedMetrics
@@ -72,6 +72,7 @@ class RouterState:
         capacity = info.capacity_blocks or (old.capacity_blocks if old else None)
         entry = WorkerEntry(info, health, applier, block_size, capacity)
         self.workers[info.name] = entry
+        self.metrics.init_worker(info.name, info.has_events)
         self.index.add_worker(info.name, None if info.has_events else (capacity or c.approx_capacity_blocks))
         return entry
 
@@ -173,19 +174,8 @@ class RouterState:
         now = self.clock()
         self.index.prune(now)
         m = self.metrics
-        work = []
         for name, w in self.workers.items():
             m.healthy.labels(name).set(1 if w.health.available(now) else 0)
             m.breaker.labels(name).set(int(w.health.breaker.state(now)))
             m.in_flight.labels(name).set(self.load.local(name)[0])
             m.index_blocks.labels(name).set(self.index.size(name))
-            work.append(queue_s(self.learn.model(name), self.load.snapshot(name, now)))
-        m.load_imbalance.set(imbalance(work))
-        if self.shared is not None:
-            m.redis_up.set(1 if self.shared.connected else 0)
-
-
-def imbalance(work: Sequence[float]) -> float:
-    """Max over mean of per-worker work; 1.0 when there is none (an idle fleet is balanced)."""
-    total = sum(work)
-    return max(work) * len(work) / total if total > 0 else 1.0
