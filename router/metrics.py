@@ -65,6 +65,11 @@ class RouterMetrics:
         self.task_restarts = Counter("sluice_background_task_restarts",
                                      "Background tasks restarted after they failed (task; worker, if any).",
                                      ["task", "worker"], registry=r)
+        self._cost_series(r)
+        self._window: deque[bool] = deque(maxlen=accuracy_window)
+
+    def _cost_series(self, r: CollectorRegistry) -> None:
+        """The routing cost's own check (predicted against actual TTFT) and the decision's time."""
         self.predicted_ttft = Histogram("sluice_router_predicted_ttft_seconds",
                                         "Time to first token the routing cost predicted for each dispatched "
                                         "request, by the worker it was sent to, seconds.", ["worker"],
@@ -78,7 +83,6 @@ class RouterMetrics:
         self.decision = Histogram("sluice_router_decision_seconds",
                                   "Wall time of one routing decision (ranking the workers), seconds.",
                                   buckets=_DECISION_BUCKETS_S, registry=r)
-        self._window: deque[bool] = deque(maxlen=accuracy_window)
 
     def observe_prediction(self, predicted: int, reported: int, block_size: int) -> None:
         """One finished request with an engine-reported cached token count."""
