@@ -5,7 +5,7 @@
   engine with an infinite cache seeing every request (`records.Oracle`);
 - **TTFT** p50/p90/p99, arrival at the gateway to the first token there;
 - **goodput**: requests whose TTFT met the SLO, per second of the arrival window
-  (first to last arrival);
+  (first to last arrival); the SLO is seconds, or a function of the prompt's length;
 - **imbalance**: max over mean across workers of engine busy time (the sum of
   step durations: prefill and decode work in seconds), and of prefill tokens
   computed and decode tokens separately;
@@ -17,7 +17,7 @@
 from __future__ import annotations
 
 import statistics
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from loadtests.vtime.records import RunResult
@@ -35,9 +35,11 @@ def imbalance(values: Sequence[float]) -> float:
     return max(values) * len(values) / total if total > 0 else 1.0
 
 
-def summarize(result: RunResult, slo_s: float) -> dict[str, Any]:
+def summarize(result: RunResult, slo_s: float | Callable[[int], float]) -> dict[str, Any]:
     done = [r for r in result.requests if r.ttft_s is not None]
     ttft = [r.ttft_s for r in done if r.ttft_s is not None]
+    slo = slo_s if callable(slo_s) else (lambda _n: float(slo_s))
+    met = sum(1 for r in done if r.ttft_s is not None and r.ttft_s <= slo(r.prompt_tokens))
     prompt = sum(r.prompt_tokens for r in done)
     hit = sum(r.cached_tokens for r in done) / prompt if prompt else 0.0
     arrivals = [r.arrival_s for r in result.requests]
@@ -55,9 +57,8 @@ def summarize(result: RunResult, slo_s: float) -> dict[str, Any]:
         "ttft_p50_s": pct(ttft, 0.5),
         "ttft_p90_s": pct(ttft, 0.9),
         "ttft_p99_s": pct(ttft, 0.99),
-        "slo_s": slo_s,
-        "slo_attainment": sum(1 for t in ttft if t <= slo_s) / len(result.requests) if result.requests else 0.0,
-        "goodput_rps": sum(1 for t in ttft if t <= slo_s) / window,
+        "slo_attainment": met / len(result.requests) if result.requests else 0.0,
+        "goodput_rps": met / window,
         "offered_rps": len(result.requests) / window,
         "imbalance_busy": imbalance([w.busy_s for w in ws]),
         "imbalance_prefill_tokens": imbalance([w.prefill_tokens for w in ws]),
