@@ -19,9 +19,9 @@ from dataclasses import dataclass
 
 from router.applier import EventApplier
 from router.config import RouterConfig, WorkerInfo
+from router.cost import KvPressure
 from router.events import BlockRemoved, BlockStored, EventBatch, KVEvent
 from router.health import CircuitBreaker, WorkerHealth
-from router.cost import KvPressure
 from router.index import PrefixIndex
 from router.learning import CostLearner
 from router.load import LoadTracker, ScrapedMetrics
