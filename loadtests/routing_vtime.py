@@ -147,6 +147,14 @@ def verdict(report: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _value(rows: list[dict[str, Any]], policy: str, key: str) -> float:
+    row = next(r for r in rows if r["policy"] == policy)
+    if key != "goodput_rps":
+        return float(row[key])
+    base = next((r[key] for r in rows if r["policy"] == "least_load"), None)
+    return float(row[key] / base) if base else float("nan")
+
+
 def plot(report: dict[str, Any], path: Path) -> None:
     import matplotlib
 
@@ -156,17 +164,19 @@ def plot(report: dict[str, Any], path: Path) -> None:
     names = list(report["workloads"])
     policies = [r["policy"] for r in report["workloads"][names[0]]]
     metrics = (("hit_fraction_of_bound", "hit rate / upper bound"), ("ttft_p99_s", "TTFT p99 (s, log)"),
-               ("goodput_rps", "goodput (req/s within SLO)"), ("imbalance_busy", "load imbalance (max/mean)"))
+               ("goodput_rps", "goodput / least_load's"), ("imbalance_busy", "load imbalance (max/mean)"))
     fig, axes = plt.subplots(1, len(metrics), figsize=(5 * len(metrics), 4.5))
     width = 0.8 / len(policies)
     for ax, (key, title) in zip(axes, metrics, strict=True):
         for i, policy in enumerate(policies):
-            ys = [next(r[key] for r in report["workloads"][n] if r["policy"] == policy) for n in names]
+            ys = [_value(report["workloads"][n], policy, key) for n in names]
             ax.bar([x + i * width for x in range(len(names))], ys, width, label=policy)
         ax.set_xticks([x + 0.4 - width / 2 for x in range(len(names))], names, rotation=30)
         ax.set_title(title)
         if key == "ttft_p99_s":
             ax.set_yscale("log")
+        if key == "goodput_rps":
+            ax.set_ylim(0.5, 1.1)
     axes[0].legend(fontsize=7)
     fig.suptitle(f"Routing in virtual time: {report['workers']} sim workers ({report['profile']}); "
                  "cache_aware_model is a model of vllm-router's cache_aware")
