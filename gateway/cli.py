@@ -41,8 +41,6 @@ def _serve_parser(sub: Any) -> None:
                         "selector=app.kubernetes.io/component=vllm-worker,port=http,engine=vllm'")
     p.add_argument("--redis-url", help="share routing state with other gateway replicas through Redis")
     p.add_argument("--routing-policy", choices=POLICIES, help="[prefix]")
-    p.add_argument("--routing-weights", type=_weights, metavar="NAME=VALUE,...",
-                   help="prefix-policy cost weights, in token-equivalents of prefill")
     p.add_argument("--max-running", type=int, help="admitted requests per model [64]")
     p.add_argument("--max-queued", type=int, help="queued requests per model before 503 [256]")
     p.add_argument("--max-fanout", type=int, help="engine requests (prompts × n) one API request may create [128]")
@@ -104,19 +102,6 @@ def _classic_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--grpc-max-concurrent-rpcs", type=int, help="KServe gRPC RPCs in progress at once [1024]")
     p.add_argument("--grpc-max-stream-inflight", type=int,
                    help="requests of one ModelStreamInfer stream in flight [128]")
-
-
-def _weights(value: str) -> dict[str, float]:
-    out: dict[str, float] = {}
-    for item in value.split(","):
-        key, sep, number = item.partition("=")
-        if not sep:
-            raise argparse.ArgumentTypeError(f"expected NAME=VALUE, got {item!r}")
-        try:
-            out[key.strip()] = float(number)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{key.strip()} must be a number, got {number!r}") from None
-    return out
 
 
 def _worker_parser(sub: Any) -> None:

@@ -18,7 +18,7 @@ from gateway.discovery.spec import parse_discovery, require_client
 from gateway.limits import GrpcLimits
 from gateway.llm.admission import AdmissionConfig
 from gateway.logs import LOG_FORMATS
-from router import COST_WEIGHT_NAMES, DEFAULT_POLICY, CostWeights, RouterConfig, validate_redis_url
+from router import DEFAULT_POLICY, RouterConfig, validate_redis_url
 
 
 class Settings(BaseSettings):
@@ -38,7 +38,6 @@ class Settings(BaseSettings):
     k8s_discovery: tuple[str, ...] = ()  # EndpointSlice sources of workers (gateway.discovery.spec)
     redis_url: str | None = None  # share routing state between gateway replicas
     routing_policy: str = DEFAULT_POLICY
-    routing_weights: dict[str, float] | None = None  # prefix-policy cost weights; None: the router's defaults
     max_running: int = Field(default=AdmissionConfig().max_running, ge=1)  # admitted requests per model
     max_queued: int = Field(default=AdmissionConfig().max_queued, ge=0)  # waiting requests per model before 503
     max_fanout: int = Field(default=128, ge=1, le=4096)  # engine requests (prompts × n) per API request
@@ -116,12 +115,8 @@ class Settings(BaseSettings):
         return self
 
     def router_config(self) -> RouterConfig:
-        unknown = set(self.routing_weights or ()) - set(COST_WEIGHT_NAMES)
-        if unknown:
-            raise ValueError(f"unknown routing weight(s) {', '.join(sorted(unknown))}; expected "
-                             f"{', '.join(COST_WEIGHT_NAMES)}")
-        weights = CostWeights(**self.routing_weights) if self.routing_weights else CostWeights()
-        return RouterConfig(policy=self.routing_policy, weights=weights)
+        # The routing cost has no knobs: it is in seconds and learns its coefficients (docs/routing.md).
+        return RouterConfig(policy=self.routing_policy)
 
     def forwarded_ips(self) -> list[str]:
         return _csv(self.forwarded_allow_ips)

@@ -4,13 +4,15 @@ The dataclasses are frozen, validate themselves, and raise ``ValueError`` with
 a message an operator can act on. Nothing here does I/O.
 
 This module is the one home of the routing policy names (:data:`POLICIES`, :data:`DEFAULT_POLICY`),
-the cost-weight names (:data:`COST_WEIGHT_NAMES`) and the Redis URL schemes
+the cost's parameters (:class:`TtftModel`, :data:`COST_PARAMETERS`) and
+how they are learned (:class:`LearningConfig`), and the Redis URL schemes
 (:data:`REDIS_URL_SCHEMES`, :func:`validate_redis_url`): the gateway's CLI and
 settings import them instead of repeating the literals.
 """
 
 from __future__ import annotations
 
+import math
 import uuid
 from dataclasses import dataclass, field, fields
 from typing import Literal, get_args
@@ -84,30 +86,57 @@ class WorkerInfo:
 
 
 @dataclass(frozen=True, slots=True)
-class CostWeights:
-    """Weights of the `prefix` cost, in token-equivalents of prefill work.
+class TtftModel:
+    """One worker's time to first token, in seconds, as the `prefix` cost predicts it (`router.cost`):
 
-    cost = prefill * uncached_prompt_tokens
-         + queued_prefill * queued_prefill_tokens
-         + request * requests (in flight, or running+waiting scraped, whichever is larger)
-         + kv_usage * kv_cache_usage (0..1)
+        ttft_s = latency_s + running_s × running + token_s × prefill_tokens + pair_s × attention_pairs
+
+    with `running` the requests on the worker, `prefill_tokens` the uncached prompt tokens queued
+    ahead of the request plus its own, and `attention_pairs` their query-key pairs.
+    `router.learning` fits the coefficients to each worker's observed TTFT; these values are
+    only the prior a worker starts from.
     """
 
-    prefill: float = 1.0
-    queued_prefill: float = 1.0
-    # A running request slows every batch step on the worker; 64 tokens of
-    # prefill per concurrent request keeps affinity unless load is clearly uneven.
-    request: float = 64.0
-    # Full KV cache means the prefix we hope for is about to be evicted.
-    kv_usage: float = 512.0
+    latency_s: float = 0.0  # what every request pays: the hop to the engine, input processing, one step
+    running_s: float = 1e-3  # what each running request adds (the decode batch every step carries)
+    token_s: float = 1e-4  # seconds per prefill token (the inverse of the prefill rate)
+    pair_s: float = 0.0  # seconds per attention query-key pair: long prompts cost super-linearly
 
     def __post_init__(self) -> None:
         for f in fields(self):
-            if getattr(self, f.name) < 0:
-                raise ValueError(f"cost weight {f.name} must be >= 0")
+            value = getattr(self, f.name)
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 <= value < math.inf:
+                raise ValueError(f"cost parameter {f.name} must be a finite number >= 0, got {value!r}")
 
 
-COST_WEIGHT_NAMES: tuple[str, ...] = tuple(f.name for f in fields(CostWeights))
+@dataclass(frozen=True, slots=True)
+class LearningConfig:
+    """How the cost learns its coefficients online (`router.learning`).
+
+    Each worker has its own fit; the fleet's fit, over every worker's observations, is the
+    prior of a worker that has seen little (a new worker starts where its peers are), and
+    `prior` is the fleet fit's prior until anything is observed.
+    """
+
+    prior: TtftModel = field(default_factory=TtftModel)
+    # Observations a fit remembers: older ones fade with weight (1 - 1/memory)^age, so a worker
+    # that changes (a noisy neighbour, a restart on other hardware) is relearned in about this many.
+    worker_memory: int = 256
+    fleet_memory: int = 4096
+    # How many observations' worth of evidence the fleet's estimate counts for in a worker's fit.
+    worker_prior_weight: float = 8.0
+    # Refills of evicted blocks are tracked for this many evictions per worker (the KV-pressure term).
+    eviction_memory: int = 16_384
+
+    def __post_init__(self) -> None:
+        if min(self.worker_memory, self.fleet_memory, self.eviction_memory) < 2:
+            raise ValueError("worker_memory, fleet_memory and eviction_memory must be >= 2")
+        if self.worker_prior_weight < 0:
+            raise ValueError("worker_prior_weight must be >= 0")
+
+
+# The cost's parameters, as `router.learning` fits them and docs/routing.md names them.
+COST_PARAMETERS: tuple[str, ...] = tuple(f.name for f in fields(TtftModel))
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,7 +144,7 @@ class RouterConfig:
     """Everything the router needs to decide; one per gateway."""
 
     policy: str = DEFAULT_POLICY
-    weights: CostWeights = field(default_factory=CostWeights)
+    learning: LearningConfig = field(default_factory=LearningConfig)
     default_block_size: int = 128  # vLLM on CPU; GPU vLLM uses 16
     # Index bounds: each worker keeps at most this many blocks (LRU beyond it).
     max_blocks_per_worker: int = 262_144

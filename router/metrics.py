@@ -16,6 +16,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 KV_RESET_REASONS = ("gap", "restart", "malformed", "error")
 WORKER_TASKS = ("health", "scrape", "kv-events")
 _TOKEN_BUCKETS = (0, 16, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
+_TTFT_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
+_DECISION_BUCKETS_S = (1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 0.01, 0.025, 0.1)
 
 
 class RouterMetrics:
@@ -63,7 +65,24 @@ class RouterMetrics:
         self.task_restarts = Counter("sluice_background_task_restarts",
                                      "Background tasks restarted after they failed (task; worker, if any).",
                                      ["task", "worker"], registry=r)
+        self._cost_series(r)
         self._window: deque[bool] = deque(maxlen=accuracy_window)
+
+    def _cost_series(self, r: CollectorRegistry) -> None:
+        """The routing cost's own check (predicted against actual TTFT) and the decision's time."""
+        self.predicted_ttft = Histogram("sluice_router_predicted_ttft_seconds",
+                                        "Time to first token the routing cost predicted for each dispatched "
+                                        "request, by the worker it was sent to, seconds.", ["worker"],
+                                        buckets=_TTFT_BUCKETS_S, registry=r)
+        self.actual_ttft = Histogram("sluice_router_actual_ttft_seconds",
+                                     "Observed time to first token (dispatch to first token) of the same "
+                                     "requests, by worker, seconds.", ["worker"], buckets=_TTFT_BUCKETS_S, registry=r)
+        self.ttft_error = Histogram("sluice_router_ttft_prediction_error_seconds",
+                                    "|predicted - actual| time to first token per request, by worker, seconds.",
+                                    ["worker"], buckets=_TTFT_BUCKETS_S, registry=r)
+        self.decision = Histogram("sluice_router_decision_seconds",
+                                  "Wall time of one routing decision (ranking the workers), seconds.",
+                                  buckets=_DECISION_BUCKETS_S, registry=r)
 
     def observe_prediction(self, predicted: int, reported: int, block_size: int) -> None:
         """One finished request with an engine-reported cached token count."""
@@ -87,9 +106,15 @@ class RouterMetrics:
             for reason in KV_RESET_REASONS:
                 self.kv_resets.labels(worker, reason)
 
+    def observe_ttft(self, worker: str, predicted_s: float, actual_s: float) -> None:
+        """One request's first token arrived `actual_s` after its dispatch (predicted: `predicted_s`)."""
+        self.actual_ttft.labels(worker).observe(actual_s)
+        self.ttft_error.labels(worker).observe(abs(predicted_s - actual_s))
+
     def forget_worker(self, worker: str) -> None:
         for g in (self.healthy, self.breaker, self.in_flight, self.index_blocks, self.kv_events,
-                  self.kv_gaps, self.kv_replays, self.kv_lag):
+                  self.kv_gaps, self.kv_replays, self.kv_lag, self.predicted_ttft, self.actual_ttft,
+                  self.ttft_error):
             try:
                 g.remove(worker)
             except KeyError:

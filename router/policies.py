@@ -6,6 +6,12 @@ affinity as possible. Workers that are not available (breaker open, failing
 health checks) come last with reason ``degraded``: trying them beats failing
 outright when nothing else is left. Draining workers are never passed in.
 
+`prefix` and `least_load` rank by a cost in seconds (`router.cost`): the
+worker's predicted time to first token for this request, plus, for `prefix`,
+the expected refill time of what it would evict. `least_load` prices every
+worker as if none held the prompt. Every candidate carries its predicted TTFT,
+whatever the policy, so that predictions can be checked against what happens.
+
 Reasons are a small fixed set, used as a metric label:
 ``prefix_hit`` (the chosen worker has the longest cached prefix), ``load``
 (a worker with more cache lost on load), ``no_prefix`` (no worker has any of
@@ -18,9 +24,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from router.config import CostWeights
+from router.config import TtftModel
+from router.cost import KvPressure, eviction_s, features, predict_ttft
 from router.hashing import rendezvous_score
 from router.load import LoadSnapshot
+
+DEFAULT_MODEL = TtftModel()
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,98 +40,126 @@ class WorkerView:
     predicted_cached_tokens: int  # tokens the engine should serve from cache
     load: LoadSnapshot
     available: bool = True
+    model: TtftModel = DEFAULT_MODEL  # the worker's learned cost coefficients
+    kv: KvPressure | None = None  # None: its KV pressure is unknown (no capacity, no events)
 
 
 @dataclass(frozen=True, slots=True)
 class Candidate:
     worker: str
     predicted_cached_tokens: int
-    cost: float  # token-equivalents for prefix/least_load; rank position otherwise
+    cost: float  # seconds for prefix/least_load; rank position otherwise
     reason: str
+    predicted_ttft_s: float = 0.0  # the cost model's TTFT for this request on this worker
 
 
-def load_cost(load: LoadSnapshot, w: CostWeights) -> float:
-    """Load part of the cost, in token-equivalents."""
-    return (w.queued_prefill * load.queued_prefill_tokens
-            + w.request * load.requests
-            + w.kv_usage * (load.kv_usage or 0.0))
+def view_ttft(v: WorkerView, prompt_tokens: int, cached: int | None = None) -> float:
+    """Predicted seconds to first token of a `prompt_tokens` prompt on `v` (with its cached prefix,
+    or `cached` tokens)."""
+    c = v.predicted_cached_tokens if cached is None else cached
+    u = max(0, prompt_tokens - c)
+    return predict_ttft(v.model, features(v.load, u, c))
+
+
+def assigned_s(v: WorkerView) -> float:
+    """Seconds of prefill the worker was sent so far, priced with its own model."""
+    return v.model.token_s * v.load.assigned_prefill_tokens + v.model.pair_s * v.load.assigned_prefill_pairs
 
 
 def _split(views: Sequence[WorkerView]) -> tuple[list[WorkerView], list[WorkerView]]:
     return [v for v in views if v.available], [v for v in views if not v.available]
 
 
-def _degraded(views: Sequence[WorkerView], tie_key: str | int) -> list[Candidate]:
+def _degraded(views: Sequence[WorkerView], tie_key: str | int, n: int) -> list[Candidate]:
     ordered = sorted(views, key=lambda v: -rendezvous_score(tie_key, v.name))
-    return [Candidate(v.name, v.predicted_cached_tokens, float("inf"), "degraded") for v in ordered]
+    return [Candidate(v.name, v.predicted_cached_tokens, float("inf"), "degraded", view_ttft(v, n))
+            for v in ordered]
 
 
-def rank_prefix(views: Sequence[WorkerView], prompt_tokens: int, w: CostWeights,
-                tie_key: str | int) -> list[Candidate]:
-    """Cheapest first: uncached prefill tokens x weight + load.
+def _ordered(scored: list[tuple[float, int, WorkerView]], tie_key: str | int,
+             tolerance: float) -> list[tuple[float, int, WorkerView]]:
+    """Cheapest first. Workers whose cost is within `tolerance` (relative) of the cheapest are a tie:
+    a difference smaller than the cost model's own error says nothing. Ties go to the worker with
+    more cached tokens, then to the one that was sent the least prefill work so far (so that work
+    spreads evenly where latency does not care, instead of piling onto whichever looks a hair
+    cheaper), then to a rendezvous hash of `tie_key`. The rest follow by cost."""
+    if not scored:
+        return scored
+    best = min(t[0] for t in scored)
+    bound = best + tolerance * abs(best)
+    head = [t for t in scored if t[0] <= bound]
+    rest = [t for t in scored if t[0] > bound]
+    head.sort(key=lambda t: (t[1], assigned_s(t[2]), -rendezvous_score(tie_key, t[2].name)))
+    rest.sort(key=lambda t: (t[0], t[1]))
+    return head + rest
 
-    Ties (same cost and cached tokens; typical when idle) are broken by a
-    rendezvous hash of `tie_key`, so distinct prompts spread over workers
-    deterministically instead of piling onto the first name.
-    """
+
+def rank_prefix(views: Sequence[WorkerView], prompt_tokens: int, tie_key: str | int,
+                tolerance: float = 0.0) -> list[Candidate]:
+    """Cheapest first: predicted TTFT on the worker plus the refill time of what it would evict."""
     ok, bad = _split(views)
     best_cached = max((v.predicted_cached_tokens for v in ok), default=0)
     scored = []
+    ttft: dict[str, float] = {}
     for v in ok:
-        cost = w.prefill * max(0, prompt_tokens - v.predicted_cached_tokens) + load_cost(v.load, w)
-        scored.append((cost, -v.predicted_cached_tokens, -rendezvous_score(tie_key, v.name), v))
-    scored.sort(key=lambda t: t[:3])
+        t = ttft[v.name] = view_ttft(v, prompt_tokens)
+        u = max(0, prompt_tokens - v.predicted_cached_tokens)
+        scored.append((t + eviction_s(v.model, v.kv, u), -v.predicted_cached_tokens, v))
     out = []
-    for cost, _, _, v in scored:
+    for cost, _, v in _ordered(scored, tie_key, tolerance):
         if best_cached == 0:
             reason = "no_prefix"
         elif v.predicted_cached_tokens == best_cached:
             reason = "prefix_hit"
         else:
             reason = "load"
-        out.append(Candidate(v.name, v.predicted_cached_tokens, cost, reason))
-    return out + _degraded(bad, tie_key)
+        out.append(Candidate(v.name, v.predicted_cached_tokens, cost, reason, ttft[v.name]))
+    return out + _degraded(bad, tie_key, prompt_tokens)
 
 
-def rank_least_load(views: Sequence[WorkerView], w: CostWeights, tie_key: str | int) -> list[Candidate]:
+def rank_least_load(views: Sequence[WorkerView], prompt_tokens: int, tie_key: str | int,
+                    tolerance: float = 0.0) -> list[Candidate]:
+    """Cheapest first by the predicted TTFT of the whole prompt: the load terms, blind to the cache."""
     ok, bad = _split(views)
-    scored = sorted(ok, key=lambda v: (load_cost(v.load, w), -rendezvous_score(tie_key, v.name)))
-    return [Candidate(v.name, v.predicted_cached_tokens, load_cost(v.load, w), "least_load")
-            for v in scored] + _degraded(bad, tie_key)
+    scored = [(view_ttft(v, prompt_tokens, cached=0), 0, v) for v in ok]
+    return [Candidate(v.name, v.predicted_cached_tokens, cost, "least_load", view_ttft(v, prompt_tokens))
+            for cost, _, v in _ordered(scored, tie_key, tolerance)] + _degraded(bad, tie_key, prompt_tokens)
 
 
-def rank_round_robin(views: Sequence[WorkerView], turn: int) -> list[Candidate]:
+def rank_round_robin(views: Sequence[WorkerView], prompt_tokens: int, turn: int) -> list[Candidate]:
     """Rotate the available workers (sorted by name) by `turn`."""
     ok, bad = _split(views)
     ok.sort(key=lambda v: v.name)
     if ok:
         k = turn % len(ok)
         ok = ok[k:] + ok[:k]
-    return [Candidate(v.name, v.predicted_cached_tokens, float(i), "round_robin")
-            for i, v in enumerate(ok)] + _degraded(bad, turn)
+    return [Candidate(v.name, v.predicted_cached_tokens, float(i), "round_robin", view_ttft(v, prompt_tokens))
+            for i, v in enumerate(ok)] + _degraded(bad, turn, prompt_tokens)
 
 
-def rank_session(views: Sequence[WorkerView], session_key: str) -> list[Candidate]:
+def rank_session(views: Sequence[WorkerView], prompt_tokens: int, session_key: str) -> list[Candidate]:
     """Consistent hash of the session key: same key, same order, on every replica."""
     ok, bad = _split(views)
     ok.sort(key=lambda v: -rendezvous_score(session_key, v.name))
-    return [Candidate(v.name, v.predicted_cached_tokens, float(i), "session")
-            for i, v in enumerate(ok)] + _degraded(bad, session_key)
+    return [Candidate(v.name, v.predicted_cached_tokens, float(i), "session", view_ttft(v, prompt_tokens))
+            for i, v in enumerate(ok)] + _degraded(bad, session_key, prompt_tokens)
 
 
-def rank(policy: str, views: Sequence[WorkerView], *, prompt_tokens: int, weights: CostWeights,
-         tie_key: str | int, turn: int = 0, session_key: str | None = None) -> list[Candidate]:
-    """Dispatch to one policy. Raises ValueError for an unknown policy name."""
+def rank(policy: str, views: Sequence[WorkerView], *, prompt_tokens: int, tie_key: str | int, turn: int = 0,
+         session_key: str | None = None, tolerance: float = 0.0) -> list[Candidate]:
+    """Dispatch to one policy. `tolerance` is the relative cost difference below which `prefix` and
+    `least_load` call workers equal (the cost model's typical error). Raises ValueError for an
+    unknown policy name."""
     if policy == "prefix":
-        return rank_prefix(views, prompt_tokens, weights, tie_key)
+        return rank_prefix(views, prompt_tokens, tie_key, tolerance)
     if policy == "least_load":
-        return rank_least_load(views, weights, tie_key)
+        return rank_least_load(views, prompt_tokens, tie_key, tolerance)
     if policy == "round_robin":
-        return rank_round_robin(views, turn)
+        return rank_round_robin(views, prompt_tokens, turn)
     if policy == "session":
         if session_key:
-            return rank_session(views, session_key)
-        ranked = rank_prefix(views, prompt_tokens, weights, tie_key)
+            return rank_session(views, prompt_tokens, session_key)
+        ranked = rank_prefix(views, prompt_tokens, tie_key, tolerance)
         return [c if c.reason == "degraded" else Candidate(c.worker, c.predicted_cached_tokens, c.cost,
-                                                           "session_no_key") for c in ranked]
+                                                           "session_no_key", c.predicted_ttft_s) for c in ranked]
     raise ValueError(f"unknown routing policy {policy!r}")

@@ -34,6 +34,7 @@ from prometheus_client import CollectorRegistry
 
 from router import policies
 from router.config import POLICIES, RouterConfig, WorkerInfo
+from router.cost import TtftFeatures, attention_pairs, features, predict_ttft
 from router.drivers import Drivers, WorkerFeed
 from router.hashing import block_hashes, cacheable_blocks, prompt_key, root_hash
 from router.metrics import RouterMetrics
@@ -52,6 +53,10 @@ class _Dispatch:
     predicted_cached_tokens: int
     block_size: int
     new_hashes: list[int]  # speculative entries this dispatch added, rolled back if it fails
+    dispatched_at: float
+    features: TtftFeatures  # what the cost knew at dispatch: the TTFT observation's regressors
+    predicted_ttft_s: float
+    first_token: bool = False
 
 
 class Router:
@@ -118,9 +123,16 @@ class Router:
 
         Raises ValueError for an unknown policy or invalid token ids, and
         NoWorkerError when no non-draining worker serves `model`. Mutates only
-        the round-robin turn, the decision counter and expired index entries.
+        the round-robin turn, the decision metrics and expired index entries.
         """
-        policy = policy or self.config.policy
+        started = time.perf_counter()
+        ranking = self._rank(model, token_ids, policy or self.config.policy, session_key, lora, cache_salt)
+        self.metrics.decisions.labels(ranking.policy, ranking.best.reason).inc()
+        self.metrics.decision.observe(time.perf_counter() - started)
+        return ranking
+
+    def _rank(self, model: str, token_ids: Sequence[int], policy: str, session_key: str | None,
+              lora: str | None, cache_salt: str | None) -> Ranking:
         if policy not in POLICIES:
             raise ValueError(f"unknown routing policy {policy!r}; choose one of {', '.join(POLICIES)}")
         s = self._state
@@ -136,10 +148,8 @@ class Router:
                        s, now) for w in cands]
         if policy == "round_robin":
             self._rr_turn += 1
-        ranked = policies.rank(policy, views, prompt_tokens=n, weights=self.config.weights,
-                               tie_key=prompt_key(token_ids, root), turn=self._rr_turn,
-                               session_key=session_key)
-        self.metrics.decisions.labels(policy, ranked[0].reason).inc()
+        ranked = policies.rank(policy, views, prompt_tokens=n, tie_key=prompt_key(token_ids, root),
+                               turn=self._rr_turn, session_key=session_key, tolerance=s.learn.relative_error)
         return Ranking(model, policy, n, tuple(ranked), chains)
 
     def on_dispatch(self, request_id: str, ranking: Ranking, worker: str) -> None:
@@ -157,17 +167,35 @@ class Router:
         if request_id in self._dispatches:  # a retry: the previous attempt was not finished
             self.on_finish(request_id, error=True)
         chain = ranking.chains.get(w.block_size, ())
+        uncached = max(0, ranking.prompt_tokens - predicted)
+        model = s.learn.model(worker)
+        f = features(s.load.snapshot(worker, now), uncached, predicted)
+        ttft_s = predict_ttft(model, f)
+        # Speculative entries stand for blocks the engine will hold once this prefill ran: they last
+        # until then (as predicted) and `speculative_ttl_s` more, for the KV events to arrive.
         ttl_s = self.config.speculative_ttl_s if w.info.has_events else self.config.approx_ttl_s
-        new = s.index.store(worker, chain, expires_at=now + ttl_s)
+        new = s.index.store(worker, chain, expires_at=now + ttft_s + ttl_s)
         if self._shared is not None and chain:
-            self._shared.publish_store(worker, chain, ttl_s)
-        s.load.dispatch(worker, request_id, ranking.prompt_tokens - predicted)
+            self._shared.publish_store(worker, chain, ttft_s + ttl_s)
+        s.load.dispatch(worker, request_id, uncached, attention_pairs(uncached, predicted))
+        cached_blocks = predicted // w.block_size
+        s.load.expect(request_id, chain[cached_blocks:], cached_blocks, w.block_size)
         w.health.breaker.on_dispatch(now)
-        self._dispatches[request_id] = _Dispatch(worker, predicted, w.block_size, new)
+        self._dispatches[request_id] = _Dispatch(worker, predicted, w.block_size, new, now, f, ttft_s)
+        self.metrics.predicted_ttft.labels(worker).observe(ttft_s)
 
     def on_first_token(self, request_id: str) -> None:
-        """The first token of `request_id` arrived: its prefill no longer queues on the worker."""
-        self._state.load.first_token(request_id)
+        """The first token of `request_id` arrived: its prefill no longer queues on the worker, and
+        the time since its dispatch is an observation of the worker's TTFT."""
+        s = self._state
+        s.load.first_token(request_id)
+        d = self._dispatches.get(request_id)
+        if d is None or d.first_token:
+            return
+        d.first_token = True
+        actual_s = s.clock() - d.dispatched_at
+        s.learn.observe_ttft(d.worker, d.features, actual_s, d.predicted_ttft_s)
+        self.metrics.observe_ttft(d.worker, d.predicted_ttft_s, actual_s)
 
     def on_finish(self, request_id: str, *, cached_tokens: int | None = None, error: bool = False) -> None:
         """The dispatch of `request_id` ended.
@@ -220,7 +248,8 @@ class Router:
 
 def _view(w: WorkerEntry, predicted_cached_tokens: int, s: RouterState, now: float) -> policies.WorkerView:
     name = w.info.name
-    return policies.WorkerView(name, predicted_cached_tokens, s.load.snapshot(name, now), w.health.available(now))
+    return policies.WorkerView(name, predicted_cached_tokens, s.load.snapshot(name, now), w.health.available(now),
+                               s.learn.model(name), s.kv_pressure(w))
 
 
 __all__ = ["NoWorkerError", "Ranking", "Router", "WorkerStatus"]

@@ -19,9 +19,11 @@ from dataclasses import dataclass
 
 from router.applier import EventApplier
 from router.config import RouterConfig, WorkerInfo
+from router.cost import KvPressure
 from router.events import BlockRemoved, BlockStored, EventBatch, KVEvent
 from router.health import CircuitBreaker, WorkerHealth
 from router.index import PrefixIndex
+from router.learning import CostLearner
 from router.load import LoadTracker, ScrapedMetrics
 from router.metrics import RouterMetrics
 from router.shared import SharedState
@@ -35,6 +37,8 @@ class WorkerEntry:
     # Tokens per KV block: WorkerInfo.block_size, else learned from /metrics or
     # events, else RouterConfig.default_block_size until one of those arrives.
     block_size: int
+    # KV capacity in blocks: WorkerInfo.capacity_blocks, else num_gpu_blocks from /metrics.
+    capacity_blocks: int | None = None
 
 
 class RouterState:
@@ -48,6 +52,7 @@ class RouterState:
         self.clock = clock
         self.index = PrefixIndex(config.max_blocks_per_worker)
         self.load = LoadTracker(config.scrape_stale_s)
+        self.learn = CostLearner(config.learning)
         self.workers: dict[str, WorkerEntry] = {}
         self.event_fed: set[str] = set()  # workers whose events this replica applied itself
 
@@ -64,11 +69,11 @@ class RouterState:
         applier = (old.applier if old and old.info.models == info.models
                    else EventApplier(info.name, info.models, self.index, c.max_blocks_per_worker))
         block_size = info.block_size or (old.block_size if old else c.default_block_size)
-        entry = WorkerEntry(info, health, applier, block_size)
+        capacity = info.capacity_blocks or (old.capacity_blocks if old else None)
+        entry = WorkerEntry(info, health, applier, block_size, capacity)
         self.workers[info.name] = entry
         self.metrics.init_worker(info.name, info.has_events)
-        capacity = None if info.has_events else (info.capacity_blocks or c.approx_capacity_blocks)
-        self.index.add_worker(info.name, capacity)
+        self.index.add_worker(info.name, None if info.has_events else (capacity or c.approx_capacity_blocks))
         return entry
 
     def remove(self, name: str) -> bool:
@@ -78,8 +83,16 @@ class RouterState:
         self.index.remove_worker(name)
         self.event_fed.discard(name)
         self.load.forget(name)
+        self.learn.forget(name)
         self.metrics.forget_worker(name)
         return True
+
+    def kv_pressure(self, w: WorkerEntry) -> KvPressure | None:
+        """What the eviction term needs; None without a known capacity or events to measure refills."""
+        if w.capacity_blocks is None or not w.info.has_events:
+            return None
+        name = w.info.name
+        return KvPressure(w.capacity_blocks - self.index.size(name), self.learn.refill_ratio(name), w.block_size)
 
     # -- WorkerFeed --------------------------------------------------------------
     def apply_kv_batch(self, worker: str, batch: EventBatch) -> None:
@@ -105,10 +118,13 @@ class RouterState:
         if isinstance(ev, BlockRemoved):
             gone = w.applier.removed_router_hashes(ev)
             w.applier.apply(ev)
+            self.learn.evicted(name, gone)
             if shared is not None and gone:
                 shared.publish_remove(name, gone)
         elif isinstance(ev, BlockStored):
             stored = w.applier.apply(ev)
+            self.learn.stored(name, stored)
+            self.load.stored(name, stored)
             if shared is not None and stored:
                 shared.publish_store(name, stored, None)
         else:
@@ -142,11 +158,14 @@ class RouterState:
         w = self.workers.get(worker)
         if w is None:
             return
-        self.load.set_scraped(worker, metrics, self.clock())
+        now = self.clock()
+        self.load.set_scraped(worker, metrics, now)
         if w.info.block_size is None and metrics.block_size:
             w.block_size = metrics.block_size
-        if not w.info.has_events and w.info.capacity_blocks is None and metrics.num_gpu_blocks:
-            self.index.set_capacity(worker, metrics.num_gpu_blocks)
+        if w.info.capacity_blocks is None and metrics.num_gpu_blocks:
+            w.capacity_blocks = metrics.num_gpu_blocks
+            if not w.info.has_events:
+                self.index.set_capacity(worker, metrics.num_gpu_blocks)
 
     def record_task_restart(self, task: str, worker: str) -> None:
         self.metrics.task_restarts.labels(task, worker).inc()

@@ -10,6 +10,10 @@ Per worker, the two views of its load the router weighs:
   `sluice_router_worker_requests_running{worker}`, `..._requests_waiting{worker}` and
   `sluice_router_worker_kv_cache_usage_ratio{worker}`, absent while unknown or stale.
 
+How unevenly the fleet is loaded: `sluice_router_load_imbalance_ratio`, max over mean of each
+worker's outstanding work in seconds (the load part of its predicted time to first token,
+`router.cost.queue_s`, with its learned coefficients); 1 when balanced or idle.
+
 Whether the shared state in Redis is reachable: `sluice_router_redis_connected`, exported only
 when Redis is configured. And the index's size: `sluice_router_index_memory_bytes`, an estimate from entry counts and
 the per-entry sizes below (measured with tracemalloc on CPython 3.11; tests/router check
@@ -21,11 +25,12 @@ event loop (the gateway's /metrics route and its metrics port both are).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from router.cost import queue_s
 from router.state import RouterState
 
 # One index entry: an OrderedDict slot (hash table entry, linked-list node) plus its 64-bit
@@ -56,8 +61,10 @@ class RouterStateCollector(Collector):
                                   "KV-cache usage of the worker (0..1), as its /metrics last said.",
                                   labels=["worker"])
         entries = mapped = 0
+        work = []
         for name, w in s.workers.items():
             load = s.load.snapshot(name, now)
+            work.append(queue_s(s.learn.model(name), load))
             queued.add_metric([name], load.queued_prefill_tokens)
             for family, value in ((running, load.running), (waiting, load.waiting), (usage, load.kv_usage)):
                 if value is not None:
@@ -68,7 +75,11 @@ class RouterStateCollector(Collector):
                                    "Estimated memory of the prefix index and the KV-event hash maps, bytes "
                                    "(entry counts times measured per-entry sizes).")
         memory.add_metric([], entries * INDEX_ENTRY_BYTES + mapped * MAPPED_BLOCK_BYTES)
-        yield from (queued, running, waiting, usage, memory)
+        balance = GaugeMetricFamily("sluice_router_load_imbalance_ratio",
+                                    "Max over mean of the workers' outstanding work (the load part of their "
+                                    "predicted time to first token), ratio; 1 when balanced or idle.")
+        balance.add_metric([], imbalance(work))
+        yield from (queued, running, waiting, usage, memory, balance)
         if s.shared is not None:  # only with --redis-url, so that 0 always means "lost"
             redis = GaugeMetricFamily("sluice_router_redis_connected",
                                       "1 while the routing state shared in Redis is reachable, else 0.")
@@ -77,3 +88,9 @@ class RouterStateCollector(Collector):
 
     def describe(self) -> Iterator[GaugeMetricFamily]:
         return iter(())  # values exist only at scrape time
+
+
+def imbalance(work: Sequence[float]) -> float:
+    """Max over mean of per-worker work; 1.0 when there is none (an idle fleet is balanced)."""
+    total = sum(work)
+    return max(work) * len(work) / total if total > 0 else 1.0

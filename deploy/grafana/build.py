@@ -9,10 +9,9 @@ The JSON files are committed; tests/deploy/test_dashboards.py checks they are wh
 script writes, and tests/integration/test_prometheus_dashboards.py runs every query against a
 real Prometheus scraping a live gateway.
 
-Five router series are queried before they exist (another change adds them):
-sluice_router_predicted_ttft_seconds, sluice_router_actual_ttft_seconds,
-sluice_router_ttft_prediction_error_seconds, sluice_router_load_imbalance_ratio and
-sluice_router_decision_seconds. Their panels show "No data" until then.
+The routing panels read the cost model's series (sluice_router_predicted_ttft_seconds,
+sluice_router_actual_ttft_seconds, sluice_router_ttft_prediction_error_seconds,
+sluice_router_load_imbalance_ratio, sluice_router_decision_seconds; docs/routing.md).
 """
 
 from __future__ import annotations

@@ -3,13 +3,14 @@ from __future__ import annotations
 import pytest
 
 from router import (
-    COST_WEIGHT_NAMES,
+    COST_PARAMETERS,
     DEFAULT_POLICY,
     POLICIES,
     REDIS_URL_SCHEMES,
-    CostWeights,
+    LearningConfig,
     RedisStateConfig,
     RouterConfig,
+    TtftModel,
     WorkerInfo,
     validate_redis_url,
 )
@@ -43,15 +44,23 @@ def test_every_policy_name_ranks():
     assert DEFAULT_POLICY in POLICIES
     for policy in POLICIES:
         RouterConfig(policy=policy)
-        assert len(rank(policy, views, prompt_tokens=8, weights=CostWeights(), tie_key=1, session_key="s")) == 2
+        assert len(rank(policy, views, prompt_tokens=8, tie_key=1, session_key="s")) == 2
 
 
-def test_cost_weight_names_are_the_weights():
-    assert COST_WEIGHT_NAMES == ("prefill", "queued_prefill", "request", "kv_usage")
-    CostWeights(**dict.fromkeys(COST_WEIGHT_NAMES, 0.0))
-    for name in COST_WEIGHT_NAMES:
-        with pytest.raises(ValueError, match=name):
-            CostWeights(**{name: -1.0})
+def test_cost_parameters_are_the_models_fields_and_are_never_negative():
+    assert COST_PARAMETERS == ("latency_s", "running_s", "token_s", "pair_s")
+    for name in COST_PARAMETERS:
+        TtftModel(**{name: 0.0})
+        for bad in (-1.0, float("nan"), float("inf")):
+            with pytest.raises(ValueError, match=name):
+                TtftModel(**{name: bad})
+
+
+def test_learning_config_validation():
+    with pytest.raises(ValueError, match="memory"):
+        LearningConfig(worker_memory=1)
+    with pytest.raises(ValueError, match="prior_weight"):
+        LearningConfig(worker_prior_weight=-1)
 
 
 def test_redis_urls():

@@ -2,85 +2,137 @@ from __future__ import annotations
 
 import pytest
 
-from router.config import CostWeights
+from router.config import TtftModel
+from router.cost import KvPressure
 from router.load import LoadSnapshot
-from router.policies import WorkerView, load_cost, rank
+from router.policies import WorkerView, rank
 
-W = CostWeights()
+# 1 ms per prefill token, nothing else: costs read as milliseconds of prefill.
+MS = TtftModel(latency_s=0.0, running_s=0.0, token_s=1e-3, pair_s=0.0)
 
 
-def view(name, cached=0, available=True, **load):
-    return WorkerView(name, cached, LoadSnapshot(**load), available)
+def view(name, cached=0, available=True, model=MS, kv=None, **load):
+    return WorkerView(name, cached, LoadSnapshot(**load), available, model, kv)
 
 
 def names(cands):
     return [c.worker for c in cands]
 
 
-def test_prefix_prefers_cached_worker():
-    out = rank("prefix", [view("a"), view("b", cached=512)], prompt_tokens=600, weights=W, tie_key=1)
+def test_prefix_prefers_cached_worker_in_seconds():
+    out = rank("prefix", [view("a"), view("b", cached=512)], prompt_tokens=600, tie_key=1)
     assert names(out) == ["b", "a"]
     assert out[0].reason == "prefix_hit" and out[0].predicted_cached_tokens == 512
-    assert out[0].cost == pytest.approx(88) and out[1].cost == pytest.approx(600)
+    assert out[0].cost == pytest.approx(0.088) and out[1].cost == pytest.approx(0.600)
+    assert out[0].predicted_ttft_s == pytest.approx(0.088)
     assert out[1].reason == "load"
 
 
-def test_prefix_load_can_override_affinity():
-    busy = view("b", cached=128, in_flight=10)
-    out = rank("prefix", [view("a"), busy], prompt_tokens=600, weights=W, tie_key=1)
-    assert names(out) == ["a", "b"]
+def test_a_queue_longer_than_the_prefix_it_saves_sends_the_request_elsewhere():
+    # b saves 512 tokens of prefill; it wins while less than 512 tokens queue ahead of it there.
+    for queued, winner in ((511, "b"), (513, "a")):
+        out = rank("prefix", [view("a"), view("b", cached=512, queued_prefill_tokens=queued)],
+                   prompt_tokens=600, tie_key=1)
+        assert out[0].worker == winner, queued
     assert out[0].reason == "load"
 
 
+def test_the_running_batch_slows_the_steps_a_new_request_waits_through():
+    model = TtftModel(latency_s=0.03, running_s=0.003, token_s=1e-3, pair_s=0.0)
+    idle, busy = view("a", model=model), view("b", model=model, in_flight=40)
+    out = rank("prefix", [busy, idle], prompt_tokens=100, tie_key=1)
+    assert out[0].predicted_ttft_s == pytest.approx(0.03 + 0.1)
+    assert out[1].predicted_ttft_s == pytest.approx(0.03 + 0.003 * 40 + 0.1)
+    assert names(out) == ["a", "b"]
+    # ... and a busy worker that holds the prompt still wins while its batch costs less than the prefill.
+    out = rank("prefix", [view("a", model=model), view("b", cached=90, model=model, in_flight=20)],
+               prompt_tokens=100, tie_key=1)
+    assert out[0].worker == "b" and out[0].reason == "prefix_hit"
+
+
+def test_attention_makes_a_long_uncached_prompt_cost_more_than_its_tokens():
+    model = TtftModel(running_s=0.0, token_s=1e-5, pair_s=1e-8)
+    out = rank("prefix", [view("cold", model=model), view("warm", cached=3968, model=model)], prompt_tokens=4000,
+               tie_key=1)
+    cold, warm = out[1], out[0]
+    assert warm.worker == "warm"
+    assert cold.predicted_ttft_s == pytest.approx(4000 * 1e-5 + (4000 * 4001 // 2) * 1e-8)
+    assert warm.predicted_ttft_s == pytest.approx(32 * 1e-5 + (32 * 3968 + 32 * 33 // 2) * 1e-8)
+    # The queue's attention counts too.
+    loaded = rank("prefix", [view("a", model=model, queued_prefill_pairs=10**9)], prompt_tokens=1, tie_key=1)
+    assert loaded[0].predicted_ttft_s == pytest.approx(1e-5 + (10**9 + 1) * 1e-8)
+
+
+def test_a_slower_worker_loses_at_equal_cache():
+    slow = TtftModel(running_s=0.0, token_s=2e-3)
+    out = rank("prefix", [view("slow", cached=128, model=slow), view("fast", cached=128)], prompt_tokens=600,
+               tie_key=1)
+    assert names(out) == ["fast", "slow"]
+
+
+def test_evicting_blocks_that_come_back_costs_their_refill():
+    # 600 uncached tokens need 5 blocks of 128; with 2 free, 3 evict, and half of evictions are refilled.
+    tight = KvPressure(free_blocks=2, refill_ratio=0.5, block_size=128)
+    out = rank("prefix", [view("a", kv=tight)], prompt_tokens=600, tie_key=1)
+    assert out[0].predicted_ttft_s == pytest.approx(0.6)
+    assert out[0].cost == pytest.approx(0.6 + 3 * 0.5 * 128 * 1e-3)
+    roomy = KvPressure(free_blocks=5, refill_ratio=0.5, block_size=128)
+    never_back = KvPressure(free_blocks=0, refill_ratio=0.0, block_size=128)
+    for kv in (roomy, never_back):
+        assert rank("prefix", [view("a", kv=kv)], prompt_tokens=600, tie_key=1)[0].cost == pytest.approx(0.6)
+    # So under pressure the cached worker keeps the request against a longer queue than its prefix.
+    out = rank("prefix", [view("a", kv=tight), view("b", cached=512, queued_prefill_tokens=600, kv=tight)],
+               prompt_tokens=600, tie_key=1)
+    assert out[0].worker == "b"
+
+
 def test_prefix_ties_spread_by_prompt_key():
-    firsts = {rank("prefix", [view("a"), view("b"), view("c")], prompt_tokens=10, weights=W,
-                   tie_key=k)[0].worker for k in range(60)}
+    firsts = {rank("prefix", [view("a"), view("b"), view("c")], prompt_tokens=10, tie_key=k)[0].worker
+              for k in range(60)}
     assert firsts == {"a", "b", "c"}
-    out = rank("prefix", [view("a"), view("b")], prompt_tokens=10, weights=W, tie_key=7)
+    out = rank("prefix", [view("a"), view("b")], prompt_tokens=10, tie_key=7)
     assert out[0].reason == "no_prefix"
 
 
 def test_unavailable_workers_rank_last_as_degraded():
-    out = rank("prefix", [view("a", cached=900, available=False), view("b")], prompt_tokens=1000,
-               weights=W, tie_key=3)
+    out = rank("prefix", [view("a", cached=900, available=False), view("b")], prompt_tokens=1000, tie_key=3)
     assert names(out) == ["b", "a"] and out[1].reason == "degraded"
 
 
-def test_load_cost_uses_larger_of_tracked_and_scraped():
-    assert load_cost(LoadSnapshot(in_flight=1, running=3, waiting=2), W) == pytest.approx(5 * 64)
-    assert load_cost(LoadSnapshot(queued_prefill_tokens=100, kv_usage=0.5), W) == pytest.approx(356)
+def test_the_running_batch_is_the_larger_of_tracked_and_scraped():
+    model = TtftModel(running_s=0.01, token_s=0.0)
+    out = rank("prefix", [view("a", model=model, in_flight=1, running=3, waiting=2)], prompt_tokens=1, tie_key=1)
+    assert out[0].predicted_ttft_s == pytest.approx(5 * 0.01)
 
 
 def test_least_load_ignores_cache():
-    out = rank("least_load", [view("a", cached=1000, in_flight=2), view("b", in_flight=1)],
-               prompt_tokens=1100, weights=W, tie_key=1)
+    out = rank("least_load", [view("a", cached=1000, in_flight=2, queued_prefill_tokens=200),
+                              view("b", in_flight=1, queued_prefill_tokens=100)], prompt_tokens=1100, tie_key=1)
     assert names(out) == ["b", "a"] and out[0].reason == "least_load"
     assert out[1].predicted_cached_tokens == 1000  # still reported, for the closed loop
+    assert out[1].predicted_ttft_s == pytest.approx(0.3)  # its real prediction does count the cache
 
 
 def test_round_robin_rotates():
     vs = [view("c"), view("a"), view("b")]
-    firsts = [rank("round_robin", vs, prompt_tokens=1, weights=W, tie_key=0, turn=t)[0].worker
-              for t in range(6)]
+    firsts = [rank("round_robin", vs, prompt_tokens=1, tie_key=0, turn=t)[0].worker for t in range(6)]
     assert firsts == ["a", "b", "c", "a", "b", "c"]
 
 
 def test_session_is_consistent_and_falls_back_without_key():
     vs = [view("a"), view("b"), view("c")]
-    one = rank("session", vs, prompt_tokens=1, weights=W, tie_key=0, session_key="user-1")
-    again = rank("session", list(reversed(vs)), prompt_tokens=1, weights=W, tie_key=99, session_key="user-1")
+    one = rank("session", vs, prompt_tokens=1, tie_key=0, session_key="user-1")
+    again = rank("session", list(reversed(vs)), prompt_tokens=1, tie_key=99, session_key="user-1")
     assert names(one) == names(again) and one[0].reason == "session"
     # Removing a worker that is not the session's first choice keeps the choice.
     others = [v for v in vs if v.name != one[-1].worker]
-    assert rank("session", others, prompt_tokens=1, weights=W, tie_key=0, session_key="user-1")[0].worker \
-        == one[0].worker
-    firsts = {rank("session", vs, prompt_tokens=1, weights=W, tie_key=0, session_key=f"s{i}")[0].worker
-              for i in range(60)}
+    assert rank("session", others, prompt_tokens=1, tie_key=0, session_key="user-1")[0].worker == one[0].worker
+    firsts = {rank("session", vs, prompt_tokens=1, tie_key=0, session_key=f"s{i}")[0].worker for i in range(60)}
     assert firsts == {"a", "b", "c"}
-    fb = rank("session", [view("a"), view("b", cached=256)], prompt_tokens=300, weights=W, tie_key=0)
+    fb = rank("session", [view("a"), view("b", cached=256)], prompt_tokens=300, tie_key=0)
     assert fb[0].worker == "b" and fb[0].reason == "session_no_key"
 
 
 def test_unknown_policy():
     with pytest.raises(ValueError):
-        rank("random", [view("a")], prompt_tokens=1, weights=W, tie_key=0)
+        rank("random", [view("a")], prompt_tokens=1, tie_key=0)

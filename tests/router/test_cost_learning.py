@@ -1,0 +1,126 @@
+"""The routing cost in seconds: its terms (router.cost), the online fit (router.fit), what the
+learner recovers from observed TTFTs (router.learning), and the series the router exports for it."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from router import LearningConfig, Router, RouterConfig, TtftModel, WorkerInfo
+from router.cost import KvPressure, TtftFeatures, attention_pairs, eviction_s, predict_ttft, queue_s
+from router.fit import LinearFit
+from router.learning import CostLearner
+from router.load import LoadSnapshot
+from router.state_metrics import imbalance
+from tests.router.test_router import Clock
+
+
+def test_attention_pairs_count_query_key_pairs() -> None:
+    # 3 new tokens after 2 cached: token i attends to 2 + i keys -> 3 + 4 + 5.
+    assert attention_pairs(3, 2) == 12
+    assert attention_pairs(0, 100) == 0
+    assert attention_pairs(1, 0) == 1
+
+
+def test_predict_and_queue_terms() -> None:
+    m = TtftModel(latency_s=0.01, running_s=0.002, token_s=1e-4, pair_s=1e-8)
+    f = TtftFeatures(running=3, tokens=1000, pairs=500_000)
+    assert predict_ttft(m, f) == pytest.approx(0.01 + 0.006 + 0.1 + 0.005)
+    load = LoadSnapshot(queued_prefill_tokens=200, in_flight=2, queued_prefill_pairs=10_000)
+    assert queue_s(m, load) == pytest.approx(0.002 * 2 + 1e-4 * 200 + 1e-8 * 10_000)
+
+
+def test_eviction_term_prices_only_blocks_beyond_the_free_ones() -> None:
+    m = TtftModel(token_s=1e-3)
+    kv = KvPressure(free_blocks=2, refill_ratio=0.5, block_size=16)
+    assert eviction_s(m, kv, 32) == 0.0  # 2 blocks fit in the free ones
+    # 50 tokens need 4 blocks: 2 evicted, each refilled half the time at 16 tokens x 1 ms.
+    assert eviction_s(m, kv, 50) == pytest.approx(2 * 0.5 * 16 * 1e-3)
+    assert eviction_s(m, None, 50) == 0.0
+    assert eviction_s(m, KvPressure(0, 0.0, 16), 50) == 0.0
+
+
+def test_fit_recovers_coefficients_and_keeps_them_nonnegative() -> None:
+    rng = random.Random(1)
+    fit = LinearFit(3, memory=10_000)
+    true = (0.5, 2.0, -0.3)  # the third would be negative: the fit holds it at 0
+    for _ in range(400):
+        x = (1.0, rng.uniform(0, 10), rng.uniform(0, 1))
+        y = sum(a * b for a, b in zip(true, x, strict=True)) + rng.gauss(0, 0.01)
+        fit.observe(x, y)
+    theta = fit.solve((0.0, 0.0, 0.0), prior_weight=0.0)
+    assert theta[2] == 0.0
+    assert theta[1] == pytest.approx(2.0, abs=0.02)
+    assert theta[0] == pytest.approx(0.5 - 0.3 * 0.5, abs=0.05)  # the clipped term's mean moves to the constant
+    # A prior pulls towards itself, never past it.
+    shrunk = fit.solve((0.0, 0.0, 0.0), prior_weight=50.0)
+    assert 0.0 < shrunk[1] < theta[1]
+
+
+def test_fit_without_observations_is_the_prior() -> None:
+    fit = LinearFit(2, memory=8)
+    assert fit.solve((0.25, 3.0), prior_weight=5.0) == (0.25, 3.0)
+    with pytest.raises(ValueError):
+        LinearFit(0, memory=8)
+
+
+def test_learner_learns_each_workers_rate_and_fleet_prior() -> None:
+    learner = CostLearner(LearningConfig(prior=TtftModel(token_s=1e-3)))
+    rng = random.Random(2)
+    rates = {"fast": 1e-5, "slow": 4e-5}
+    for _ in range(300):
+        for w, token_s in rates.items():
+            f = TtftFeatures(rng.randint(0, 8), rng.randint(100, 8000), 0)
+            actual = 0.005 + 0.001 * f.running + token_s * f.tokens
+            learner.observe_ttft(w, f, actual, predict_ttft(learner.model(w), f))
+    assert learner.model("fast").token_s == pytest.approx(1e-5, rel=0.05)
+    assert learner.model("slow").token_s == pytest.approx(4e-5, rel=0.05)
+    # A worker never observed starts where the fleet is, between the two, not at the 1e-3 prior.
+    assert 1e-5 < learner.model("new").token_s < 4e-5
+    f = TtftFeatures(4, 5000, 0)
+    assert predict_ttft(learner.model("slow"), f) == pytest.approx(0.005 + 0.004 + 4e-5 * 5000, rel=0.05)
+    assert 0.0 < learner.relative_error < 1.0
+
+
+def test_refill_ratio_counts_evicted_blocks_stored_again() -> None:
+    learner = CostLearner(LearningConfig())
+    assert learner.refill_ratio("w") == 0.0
+    learner.evicted("w", [1, 2, 3, 4])
+    learner.stored("w", [1, 2, 9])
+    assert learner.refill_ratio("w") == pytest.approx(0.5)
+    learner.stored("w", [1])  # already refilled: not counted twice
+    assert learner.refill_ratio("w") == pytest.approx(0.5)
+
+
+def test_imbalance_is_max_over_mean() -> None:
+    assert imbalance([1.0, 1.0, 1.0, 1.0]) == 1.0
+    assert imbalance([3.0, 1.0, 0.0, 0.0]) == pytest.approx(3.0)
+    assert imbalance([0.0, 0.0]) == 1.0
+
+
+def test_router_exports_predicted_and_actual_ttft() -> None:
+    clock = Clock()
+    reg = CollectorRegistry()
+    r = Router(RouterConfig(), registry=reg, clock=clock)
+    for n in ("w0", "w1"):
+        r.add_worker(WorkerInfo(n, f"http://127.0.0.1:1/{n}", ("m",), block_size=4))
+    rk = r.rank("m", list(range(1, 41)))
+    assert reg.get_sample_value("sluice_router_decision_seconds_count") == 1
+    r.on_dispatch("a", rk, rk.best.worker)
+    w = {"worker": rk.best.worker}
+    assert reg.get_sample_value("sluice_router_predicted_ttft_seconds_count", w) == 1
+    predicted = reg.get_sample_value("sluice_router_predicted_ttft_seconds_sum", w)
+    assert predicted == pytest.approx(rk.best.predicted_ttft_s)
+    # Busy worker, idle worker: the imbalance read at scrape time is 2 (max 2x the mean of two).
+    assert reg.get_sample_value("sluice_router_load_imbalance_ratio") == pytest.approx(2.0)
+    clock.t += 0.5
+    r.on_first_token("a")
+    r.on_first_token("a")  # a second first token is not a second observation
+    assert reg.get_sample_value("sluice_router_actual_ttft_seconds_count", w) == 1
+    assert reg.get_sample_value("sluice_router_actual_ttft_seconds_sum", w) == pytest.approx(0.5)
+    err = reg.get_sample_value("sluice_router_ttft_prediction_error_seconds_sum", w)
+    assert err == pytest.approx(abs(predicted - 0.5))
+    r.remove_worker(rk.best.worker)
+    assert reg.get_sample_value("sluice_router_actual_ttft_seconds_count", w) is None
