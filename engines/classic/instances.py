@@ -140,7 +140,11 @@ class InstancePool:
     async def run(self, slot: Slot, requests: list[InferRequest]) -> Outcome:
         """`launch` as a coroutine (the batch is not cancelled with it: it still returns its slot)."""
         done: asyncio.Future[Outcome] = asyncio.get_running_loop().create_future()
-        self.launch(slot, requests, lambda outcome: done.done() or done.set_result(outcome))
+
+        def finish(outcome: Outcome) -> None:
+            if not done.done():
+                done.set_result(outcome)
+        self.launch(slot, requests, finish)
         return await asyncio.shield(done)
 
     def _give_back(self, slot: Slot) -> None:
