@@ -27,7 +27,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tests.servers import free_port  # noqa: E402
+from tests.servers import free_port
 
 CACHE = Path(os.environ.get("SLUICE_CACHE", Path.home() / ".cache" / "sluice"))
 REPO_SRC = ROOT / "model_repository"
@@ -42,9 +42,10 @@ _TICK = os.sysconf("SC_CLK_TCK")
 
 
 def build_repo(root: Path) -> tuple[Path, dict[str, Path], dict[str, Path]]:
+    from sklearn.datasets import load_digits
+
     from model_repository.classic_build import build_all, cnn_artifacts
     from model_repository.cnn_build import digits_32
-    from sklearn.datasets import load_digits
 
     repo = root / "repo"
     build_all(root / "built", CACHE)

@@ -50,7 +50,7 @@ class OnnxModel(kserve.Model):
         wanted = [o.name for o in payload.request_outputs] if payload.request_outputs else self.output_names
         values = self.session.run(wanted, feeds)
         outputs = []
-        for name, value in zip(wanted, values):
+        for name, value in zip(wanted, values, strict=True):
             value = np.ascontiguousarray(value)
             out = InferOutput(name=name, shape=list(value.shape), datatype=_wire(value.dtype))
             out.set_data_from_numpy(value, binary_data=True)

@@ -7,8 +7,10 @@ loadtests/reports/profiles/:
 
 - `<tag>-<proto>.svg`: the flame graph;
 - `<tag>-<proto>.txt`: the collapsed stacks (py-spy's raw format), the input of the summary;
-- `<tag>-summary.json`: for each protocol, the share of samples in which a frame matching each
-  of a few hot-path patterns is on the stack (inclusive), and the top functions by self time.
+- `<tag>-summary.json`: for each protocol, the server's CPU per request, the share of samples
+  by the innermost Sluice module on the stack (library time counts for the Sluice code that
+  called it; samples with no Sluice frame count for their library), and the top functions by
+  self time.
 
     flock /tmp/sluice-bench.lock .venv/bin/python loadtests/profile_classic.py [--tag after]
         [--server-src DIR] [--concurrency 1] [--seconds 8]
@@ -31,27 +33,30 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from loadtests.classic_servers import MODELS, build_repo, kserve_python, start_sluice  # noqa: E402
+from loadtests.classic_servers import MODELS, build_repo, kserve_python, start_sluice, tree_cpu_s
 
-# Inclusive shares reported for each protocol (a sample counts once per pattern).
-PATTERNS = {
-    "access control (gateway/security)": "gateway/security/",
-    "middleware (gateway/middleware.py)": "gateway/middleware.py",
-    "starlette/fastapi routing": "starlette/",
-    "uvicorn + httptools protocol": "uvicorn/",
-    "KServe HTTP decode/encode (http_infer.py)": "kserve/http_infer.py",
-    "KServe gRPC servicer (kserve/grpc.py)": "kserve/grpc.py",
-    "gRPC decode/encode (grpc_infer.py)": "kserve/grpc_infer.py",
-    "tensor codec (codec.py)": "kserve/codec.py",
-    "grpc.aio (grpc/_cython)": "grpc/_cython",
-    "manager.infer + validation": "classic/manager.py",
-    "scheduler (scheduler.py)": "classic/scheduler.py",
-    "batch forming (batching.py)": "classic/batching.py",
-    "stack/split (backends/base.py)": "backends/base.py",
-    "onnxruntime run": "onnxruntime/",
-    "asyncio event loop": "asyncio/",
-    "json (stdlib)": "json/",
-}
+# Libraries, for samples with no Sluice frame on the stack (matched from the innermost frame out).
+LIBRARIES = {"grpc/": "grpc.aio (cython)", "uvicorn/": "uvicorn + httptools", "starlette/": "starlette/fastapi",
+             "fastapi/": "starlette/fastapi", "onnxruntime/": "onnxruntime", "asyncio/": "asyncio",
+             "prometheus_client/": "prometheus_client", "logging/": "logging", "json/": "json (stdlib)",
+             "numpy/": "numpy", "google/": "protobuf", "threading.py": "threading", "queue.py": "queue"}
+
+
+def category(frames: list[str]) -> str:
+    """The innermost frame on the stack that is Sluice code (by module) or a known library: where the
+    sample's time is spent. asyncio and threading count only when nothing else is on the stack, and
+    what is left is the event loop itself (uvloop runs in C below `Runner.run`)."""
+    fallback = "event loop / other"
+    for frame in reversed(frames):
+        where = frame.rpartition("(")[2]
+        if where.startswith(("gateway/", "engines/")) and not where.startswith("gateway/server.py"):
+            return where.partition(":")[0]
+        for pattern, name in LIBRARIES.items():
+            if pattern in frame:
+                if name not in ("asyncio", "threading"):
+                    return name
+                fallback = name if fallback == "event loop / other" else fallback
+    return fallback
 
 
 def record(pyspy: Path, pid: int, seconds: float, fmt: str, out: Path) -> None:
@@ -62,7 +67,7 @@ def record(pyspy: Path, pid: int, seconds: float, fmt: str, out: Path) -> None:
 
 def summarise(raw: Path) -> dict:
     total = 0
-    inclusive: collections.Counter[str] = collections.Counter()
+    by_category: collections.Counter[str] = collections.Counter()
     self_time: collections.Counter[str] = collections.Counter()
     for line in raw.read_text().splitlines():
         stack, _, count = line.rpartition(" ")
@@ -70,14 +75,14 @@ def summarise(raw: Path) -> dict:
             continue
         n = int(count)
         total += n
-        frames = stack.split(";")
-        for name, pattern in PATTERNS.items():
-            if any(pattern in f for f in frames):
-                inclusive[name] += n
-        self_time[frames[-1]] += n
+        frames = stack.split(";")[1:]  # the first is the process
+        by_category[category(frames)] += n
+        self_time[frames[-1] if frames else "?"] += n
+    if not total:
+        return {"samples": 0}
     return {"samples": total,
-            "inclusive_pct": {k: round(100 * v / total, 1) for k, v in inclusive.most_common()} if total else {},
-            "top_self_pct": [(k, round(100 * v / total, 1)) for k, v in self_time.most_common(25)] if total else []}
+            "by_sluice_module_pct": {k: round(100 * v / total, 1) for k, v in by_category.most_common()},
+            "top_self_pct": [(k, round(100 * v / total, 1)) for k, v in self_time.most_common(25)]}
 
 
 def load(server_url: str, proto: str, model: str, data: Path, threads: int, seconds: float) -> subprocess.Popen:
@@ -116,16 +121,20 @@ def main() -> None:
             url = server.url(proto)
             for fmt, suffix in (("raw", "txt"), ("flamegraph", "svg")):
                 client = load(url, proto, args.model, npy, args.concurrency, args.seconds + 4)
+                cpu0 = tree_cpu_s(server.proc.pid)
                 time.sleep(1.0)  # steady state before sampling
                 record(pyspy, server.proc.pid, args.seconds, fmt, args.out / f"{args.tag}-{proto}.{suffix}")
                 out, _ = client.communicate(timeout=60)
+                cpu = tree_cpu_s(server.proc.pid) - cpu0
                 stats = json.loads(out.strip().splitlines()[-1])
                 if fmt == "raw":
-                    summary[proto] = {"requests_per_s": round(len(stats["latencies"]) / stats["elapsed_s"], 1),
+                    n = len(stats["latencies"])
+                    summary[proto] = {"requests_per_s": round(n / stats["elapsed_s"], 1),
+                                      "server_cpu_us_per_req": round(cpu / n * 1e6, 1),
                                       **summarise(args.out / f"{args.tag}-{proto}.txt")}
         (args.out / f"{args.tag}-summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-        print(json.dumps({k: v.get("inclusive_pct", v) if isinstance(v, dict) else v for k, v in summary.items()},
-                         indent=2))
+        print(json.dumps({k: v.get("by_sluice_module_pct", v) if isinstance(v, dict) else v
+                          for k, v in summary.items()}, indent=2))
     finally:
         if server is not None:
             server.stop()

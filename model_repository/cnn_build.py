@@ -156,7 +156,7 @@ def build_cnn(out_dir: Path) -> dict[str, Any]:
     report = {"model": "digits_cnn", "version": CNN_VERSION, "architecture": _describe(),
               "parameters": sum(p.numel() for p in net.parameters()),
               "mflops_per_image": round(2 * count_macs(net) / 1e6, 1),
-              "test_accuracy": round(accuracy, 4), "test_images": int(len(test)), "train_images": int(len(train)),
+              "test_accuracy": round(accuracy, 4), "test_images": len(test), "train_images": len(train),
               "epochs": EPOCHS, "train_s": round(train_s, 1), "build_s": round(time.monotonic() - t0, 1)}
     onnx_tmp.replace(out_dir / "digits_cnn.onnx")
     pt_tmp.replace(out_dir / "digits_cnn.pt")
