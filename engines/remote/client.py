@@ -140,7 +140,8 @@ class RemoteEngine:
         assembler = StreamAssembler(chat=request.kind == "chat")
         stop = asyncio.Event()
         self._stops[request.request_id] = stop
-        reader = asyncio.create_task(self._read(path, body, request.request_id, assembler, queue, stop))
+        headers = {"X-Request-Id": request.request_id, **(request.trace_headers or {})}
+        reader = asyncio.create_task(self._read(path, body, headers, assembler, queue, stop))
         self._readers[request.request_id] = reader
         self._max_seen = max(self._max_seen, len(self._readers))
         try:
@@ -178,10 +179,10 @@ class RemoteEngine:
             if item.finish_reason is not None:
                 return
 
-    async def _read(self, path: str, body: dict[str, Any], request_id: str,
+    async def _read(self, path: str, body: dict[str, Any], headers: dict[str, str],
                     assembler: StreamAssembler, queue: asyncio.Queue[Any], stop: asyncio.Event) -> None:
         """Own the HTTP stream; put Deltas, one EngineError, or _END on the queue."""
-        headers = {"X-Request-Id": request_id}
+        request_id = headers["X-Request-Id"]
         try:
             async with self._http.stream("POST", path, json=body, headers=headers) as response:
                 if response.status_code != 200:

@@ -25,6 +25,7 @@ from gateway.app import build_state
 from gateway.discovery import K8sDiscovery, parse_discovery
 from gateway.settings import Settings
 from tests.integration.conftest import MODEL, Worker
+from tests.integration.vllm_support import engine_group
 from tests.servers import Server, llm_only_repository, start_server
 from tests.standins.k8s_api_standin import K8sApiStandin, endpoint_slice
 
@@ -95,15 +96,16 @@ def test_a_worker_that_leaves_is_drained_then_removed_and_may_come_back(
     pod_b, worker_b = PODS[1], workers[1]
     body = {"model": MODEL, "prompt": "A long answer", "max_tokens": 1500, "ignore_eos": True, "temperature": 0,
             "stream": True}
+    session = _session_for(gateway, pod_b)
+    group = engine_group(worker_b.proc.pid)
     with httpx.Client(timeout=120) as client, client.stream(
             "POST", f"{gateway.url}/v1/completions", json=body,
-            headers={"X-Routing-Policy": "session", "X-Session-Id": _session_for(gateway, pod_b)}) as stream:
+            headers={"X-Routing-Policy": "session", "X-Session-Id": session}) as stream:
         assert stream.headers["x-sluice-worker"] == pod_b
-        lines = stream.iter_lines()
-        next(line for line in lines if line.startswith("data: "))
-        # Hold worker b still while the pod is marked terminating: on a loaded machine its request
-        # could otherwise finish first, and the worker would be removed before it was seen draining.
-        group = os.getpgid(worker_b.proc.pid)
+        # Hold worker b still from its first byte while the pod is marked terminating: tiny-llama
+        # writes 1500 tokens in about 4 s, so the request could otherwise finish first (the client
+        # reads nothing meanwhile; the socket buffers hold it all), and the worker would be removed
+        # before it was seen draining.
         os.killpg(group, signal.SIGSTOP)
         try:
             api.put(_slice(worker_b, pod_b, ready=False, terminating=True))  # the pod is terminating
@@ -112,6 +114,7 @@ def test_a_worker_that_leaves_is_drained_then_removed_and_may_come_back(
             assert _workers(gateway)[pod_b]["in_flight"] == 1  # kept while its request runs
         finally:
             os.killpg(group, signal.SIGCONT)
+        lines = stream.iter_lines()
         rest = [line for line in lines if line]  # the request in flight finishes on the draining worker
         assert rest[-1] == "data: [DONE]" and '"finish_reason":"length"' in "".join(rest).replace(" ", "")
     _until(lambda: pod_b not in _workers(gateway), 10)  # its in-flight request done: removed
