@@ -49,6 +49,16 @@ from loadtests.classic_servers import (
 )
 
 CONCURRENCY = (1, 8, 32, 64)
+# Before this work: issue 13's figures (tritonclient at c=32 on the digits MLP, Sluice with dynamic
+# batching) and the server's CPU per request at c=1 (digits_nodyn) from the py-spy run on the old
+# code, loadtests/reports/profiles/before-summary.json. Written into every report beside the run's own.
+BEFORE = {
+    "source": "issue 13 (c=32) and loadtests/reports/profiles/before-summary.json (c=1, under py-spy)",
+    "digits, grpc": {"sluice_rps_at_32": 1284, "kserve_rps_at_32": 1113, "vs_kserve_at_32": 1.15,
+                     "server_cpu_us_per_req_at_1_unbatched": 488.3},
+    "digits, http": {"sluice_rps_at_32": 1079, "kserve_rps_at_32": 990, "vs_kserve_at_32": 1.09,
+                     "server_cpu_us_per_req_at_1_unbatched": 596.9},
+}
 
 
 def run_segment(target: Target, proto: str, model: str, concurrency: int, data: Path, args: argparse.Namespace
@@ -173,11 +183,24 @@ def plot(report: dict, path: Path) -> None:
                    yscale="log")
         row[2].set(xlabel="batch size", ylabel="rows / s", title=f"{model}: in-process onnxruntime by batch size",
                    xscale="log")
+        if model == "digits":
+            row[0].set_title(row[0].get_title() + "\n" + _before_after(report), fontsize=8)
         for ax in row:
             ax.grid(alpha=0.3)
         row[0].legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
+
+
+def _before_after(report: dict) -> str:
+    """One line per protocol: Sluice / KServe at c=32 and CPU per request at c=1, before and now."""
+    lines = []
+    for key in ("digits, grpc", "digits, http"):
+        before, now = report.get("before", {}).get(key, {}), report["summary"].get(key, {})
+        lines.append(f"{key}: x{before.get('vs_kserve_at_32')} -> x{now.get('vs_kserve_at_32')} KServe at c=32, "
+                     f"{before.get('server_cpu_us_per_req_at_1_unbatched')} -> "
+                     f"{now.get('server_cpu_us_per_req_at_1_unbatched')} us CPU/req at c=1")
+    return "\n".join(lines)
 
 
 def parse_args() -> argparse.Namespace:
@@ -220,7 +243,7 @@ def main() -> None:
                         "load_average_before": load0, "load_average_after": load_average()},
             "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
             "models": {m: {k: v for k, v in MODELS[m].items() if k != "config"} for m in args.models},
-            "inprocess": limits, "series": series, "summary": summarise(series, limits),
+            "inprocess": limits, "series": series, "summary": summarise(series, limits), "before": BEFORE,
         }
         args.out.mkdir(parents=True, exist_ok=True)
         stem = "classic" + (f"-{args.tag}" if args.tag else "")
