@@ -13,6 +13,7 @@ from engines.classic.manager import ModelRepositoryManager
 from gateway import __version__, admin, errors, openapi, ops, startup, ui
 from gateway.kserve import metrics as kserve_metrics
 from gateway.kserve.http import build_router as kserve_router
+from gateway.kserve.http_fast import KServeInferRoute
 from gateway.llm.local import LLMSpec
 from gateway.llm.service import LLMService
 from gateway.llm.workers import WorkerPool
@@ -81,7 +82,10 @@ def create_app(settings: Settings, llm_specs: list[LLMSpec] | None = None) -> Fa
     # Added innermost first. From the outside in: request id, in-flight bound, 500s and the
     # access log; the drain gate (refusals while draining get request ids and are logged);
     # CORS (a preflight needs no key); access control; then the body limits, so a stranger
-    # cannot make the server read or inflate a body.
+    # cannot make the server read or inflate a body; then KServe infer, which answers its own
+    # route without FastAPI's router.
+    if state.classic is not None:  # innermost: after every check below, before FastAPI's router
+        app.add_middleware(KServeInferRoute, manager=state.classic, llm=state.llm)
     app.add_middleware(BodyLimitMiddleware, max_body_bytes=settings.max_body_bytes,
                        body_timeout_s=settings.body_timeout_s)
     app.add_middleware(AccessMiddleware, security=state.security, render=errors.error_bytes)

@@ -1,13 +1,23 @@
-"""Classic-path benchmark: digits ONNX over KServe gRPC and binary HTTP, with and without dynamic batching,
-next to in-process onnxruntime (the limit), at concurrency 1, 8 and 32, in one run.
+"""Classic-path benchmark, side by side in one run: Sluice (dynamic batching on and off) vs KServe's
+ModelServer vs in-process onnxruntime, over KServe v2 gRPC and binary HTTP, with tritonclient.
 
-Starts a real `sluice serve` on loopback with a temporary repository holding two
-copies of digits_onnx (dynamic batching on / off). Every client sends single-row
-requests. Loops are bounded by request count and by time.
+Models: `digits` (the MLP, 9 µs of compute) and `cnn` (digits_cnn, the residual CNN, ~55 MFLOPs).
+Every client sends single-row requests, closed loop, at each concurrency; the clients run in
+separate processes (`classic_load.py`) so the client's GIL is not what is measured. For one
+(model, protocol, concurrency) the targets run one after another, in an order that alternates
+between rounds, so a noisy neighbour hits them alike. Each segment records req/s, p50/p99
+latency, and the server's CPU seconds per request: utime+stime from /proc of the server process
+and every process under it (threads included), before and after the segment.
 
-    .venv/bin/python loadtests/bench_classic.py [--duration-s 3] [--max-requests 4000]
+In-process onnxruntime is the limit: one session (one thread, as the servers' instances), the
+same single rows from as many threads, and the throughput by batch size (1..64) on each model,
+which is the most batching can gain on this CPU.
 
-Writes loadtests/reports/classic.json and loadtests/reports/classic.png.
+    flock /tmp/sluice-bench.lock .venv/bin/python loadtests/bench_classic.py [--duration-s 3] [--rounds 2]
+        [--frontends 1] [--server-src DIR] [--tag NAME]
+
+Writes loadtests/reports/classic[-TAG].json and .png. Loops are bounded by count and time; only
+127.0.0.1 is targeted. KServe runs from its own venv (scripts/ensure_kserve_venv.sh).
 """
 
 from __future__ import annotations
@@ -17,12 +27,10 @@ import json
 import os
 import platform
 import shutil
-import statistics
+import subprocess
 import sys
 import tempfile
-import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -30,128 +38,122 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tests.integration.kserve_support import CACHE, REPO_SRC, Server, _wait_ready, free_port
+from loadtests.classic_servers import (
+    MODELS,
+    Target,
+    build_repo,
+    inprocess_limit,
+    load_average,
+    start_kserve,
+    start_sluice,
+)
 
-CONCURRENCY = (1, 8, 32)
-DYN = "dynamic_batching { max_queue_delay_microseconds: 500 }"
-
-
-def build_repo(root: Path) -> Path:
-    from model_repository.classic_build import build_all
-
-    repo = root / "repo"
-    base = (REPO_SRC / "digits_onnx" / "config.pbtxt").read_text()
-    for name, batching in (("digits_dyn", DYN), ("digits_nodyn", "")):
-        config = base.replace('name: "digits_onnx"', f'name: "{name}"')
-        config = config.replace("dynamic_batching { max_queue_delay_microseconds: 2000 }", batching)
-        (repo / name / "1").mkdir(parents=True)
-        (repo / name / "config.pbtxt").write_text(config)
-    build_all(root / "built", CACHE)  # builds/links digits_onnx/1/model.onnx under root/built
-    for name in ("digits_dyn", "digits_nodyn"):
-        shutil.copyfile(root / "built" / "digits_onnx" / "1" / "model.onnx", repo / name / "1" / "model.onnx")
-    return repo
-
-
-def start_server(root: Path, repo: Path) -> Server:
-    import subprocess
-
-    http_port, grpc_port = free_port(), free_port()
-    log_path = root / "server.log"
-    cmd = [sys.executable, "-m", "gateway.cli", "serve", "--host", "127.0.0.1", "--http-port", str(http_port),
-           "--grpc-port", str(grpc_port), "--model-repository", str(repo), "--log-level", "warning"]
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
-    server = Server(root, repo, http_port, grpc_port, proc, log_path)
-    _wait_ready(server)
-    return server
+CONCURRENCY = (1, 8, 32, 64)
+# Before this work: issue 13's figures (tritonclient at c=32 on the digits MLP, Sluice with dynamic
+# batching) and the server's CPU per request at c=1 (digits_nodyn) from the py-spy run on the old
+# code, loadtests/reports/profiles/before-summary.json. Written into every report beside the run's own.
+BEFORE = {
+    "source": "issue 13 (c=32) and loadtests/reports/profiles/before-summary.json (c=1, under py-spy)",
+    "digits, grpc": {"sluice_rps_at_32": 1284, "kserve_rps_at_32": 1113, "vs_kserve_at_32": 1.15,
+                     "server_cpu_us_per_req_at_1_unbatched": 488.3},
+    "digits, http": {"sluice_rps_at_32": 1079, "kserve_rps_at_32": 990, "vs_kserve_at_32": 1.09,
+                     "server_cpu_us_per_req_at_1_unbatched": 596.9},
+}
 
 
-def grpc_caller(server: Server, model: str) -> Callable[[], Callable[[np.ndarray], None]]:
-    def make() -> Callable[[np.ndarray], None]:
-        import tritonclient.grpc as g
-
-        client = g.InferenceServerClient(server.grpc_url)
-
-        def call(x: np.ndarray) -> None:
-            inp = g.InferInput("input", list(x.shape), "FP32")
-            inp.set_data_from_numpy(x)
-            client.infer(model, [inp], outputs=[g.InferRequestedOutput("probabilities")])
-        return call
-    return make
-
-
-def http_caller(server: Server, model: str) -> Callable[[], Callable[[np.ndarray], None]]:
-    def make() -> Callable[[np.ndarray], None]:
-        import tritonclient.http as h
-
-        client = h.InferenceServerClient(server.http_url)
-
-        def call(x: np.ndarray) -> None:
-            inp = h.InferInput("input", list(x.shape), "FP32")
-            inp.set_data_from_numpy(x, binary_data=True)
-            client.infer(model, [inp], outputs=[h.InferRequestedOutput("probabilities", binary_data=True)])
-        return call
-    return make
-
-
-def inprocess_caller(model_path: Path) -> Callable[[], Callable[[np.ndarray], None]]:
-    import onnxruntime as ort
-
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = 1
-    session = ort.InferenceSession(str(model_path), options, providers=["CPUExecutionProvider"])
-
-    def make() -> Callable[[np.ndarray], None]:
-        return lambda x: session.run(["probabilities"], {"input": x})
-    return make
-
-
-def run_load(make: Callable[[], Callable[[np.ndarray], None]], concurrency: int, xs: np.ndarray,
-             duration_s: float, max_requests: int) -> dict:
-    """`concurrency` closed-loop clients; stops at max_requests in total or after duration_s."""
-    latencies: list[list[float]] = [[] for _ in range(concurrency)]
-    errors = [0] * concurrency
-    budget = threading.Semaphore(max_requests)
-    callers = [make() for _ in range(concurrency)]
-    for call in callers:  # warm-up: connections and sessions
-        call(xs[:1])
-    deadline = time.perf_counter() + duration_s
-    start = time.perf_counter()
-
-    def worker(i: int) -> None:
-        call = callers[i]
-        n = 0
-        while time.perf_counter() < deadline and budget.acquire(blocking=False):
-            x = xs[(i * 97 + n) % len(xs)][None, :]
-            t0 = time.perf_counter()
-            try:
-                call(x)
-            except Exception:
-                errors[i] += 1
-                continue
-            latencies[i].append(time.perf_counter() - t0)
-            n += 1
-
-    threads = [threading.Thread(target=worker, args=(i,)) for i in range(concurrency)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    elapsed = time.perf_counter() - start
-    lat = sorted(x for per in latencies for x in per)
-    return {
-        "concurrency": concurrency, "requests": len(lat), "errors": sum(errors), "elapsed_s": round(elapsed, 3),
-        "throughput_rps": round(len(lat) / elapsed, 1),
-        "p50_ms": round(statistics.median(lat) * 1000, 3) if lat else None,
-        "p99_ms": round(lat[min(len(lat) - 1, int(0.99 * len(lat)))] * 1000, 3) if lat else None,
-    }
+def run_segment(target: Target, proto: str, model: str, concurrency: int, data: Path, args: argparse.Namespace
+                ) -> dict:
+    """One closed-loop segment against one target; the server's CPU is read around it."""
+    procs = min(args.client_procs, concurrency)
+    threads = [concurrency // procs + (1 if i < concurrency % procs else 0) for i in range(procs)]
+    spec = MODELS[model]
+    clients = []
+    for n in threads:
+        cmd = [sys.executable, str(ROOT / "loadtests" / "classic_load.py"), "--proto", proto,
+               "--url", target.url(proto), "--model", target.model_name(model), "--input", spec["input"],
+               "--output", spec["output"], "--data", str(data), "--threads", str(n),
+               "--duration-s", str(args.duration_s), "--max-requests", str(args.max_requests // procs)]
+        clients.append(subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True))
+    for c in clients:
+        if c.stdout.readline().strip() != "ready":  # type: ignore[union-attr]
+            raise RuntimeError(f"a client failed to start against {target.name}")
+    before_stats = target.batch_stats(model)
+    cpu0, t0 = target.cpu_s(), time.perf_counter()
+    for c in clients:
+        c.stdin.write("go\n")  # type: ignore[union-attr]
+        c.stdin.flush()  # type: ignore[union-attr]
+    outs = [json.loads(c.communicate(timeout=args.duration_s + 120)[0].strip().splitlines()[-1]) for c in clients]
+    wall, cpu = time.perf_counter() - t0, target.cpu_s() - cpu0
+    lat = np.sort(np.concatenate([np.asarray(o["latencies"]) for o in outs]))
+    elapsed = max(o["elapsed_s"] for o in outs)
+    n = len(lat)
+    result = {"concurrency": concurrency, "requests": n, "errors": sum(o["errors"] for o in outs),
+              "first_error": next((o["first_error"] for o in outs if o["first_error"]), None),
+              "elapsed_s": round(elapsed, 3), "throughput_rps": round(n / elapsed, 1) if n else 0.0,
+              "p50_ms": round(float(lat[n // 2]) * 1000, 3) if n else None,
+              "p99_ms": round(float(lat[min(n - 1, int(0.99 * n))]) * 1000, 3) if n else None,
+              "server_cpu_us_per_req": round(cpu / n * 1e6, 1) if n else None,
+              "server_cpu_cores": round(cpu / wall, 2)}
+    after_stats = target.batch_stats(model)
+    if before_stats and after_stats:
+        rows, execs = (a - b for a, b in zip(after_stats, before_stats, strict=True))
+        result["avg_batch_rows"] = round(rows / execs, 2) if execs else None
+    return result
 
 
-def stats_of(server: Server, model: str) -> dict:
-    import httpx
+def bench(targets: list[Target], args: argparse.Namespace, data: dict[str, Path]) -> list[dict]:
+    """Every (model, protocol, concurrency) with the targets alternating; the best round of each is kept."""
+    series: dict[tuple[str, str, str], list[dict]] = {}
+    for model in args.models:
+        for proto in args.protocols:
+            for c in args.concurrency:
+                for r in range(args.rounds):
+                    order = targets if r % 2 == 0 else targets[::-1]
+                    for target in order:
+                        res = run_segment(target, proto, model, c, data[model], args)
+                        res["round"] = r
+                        key = (model, proto, target.name)
+                        print(f"{model:6s} {proto:4s} {target.name:18s} c={c:<3d} r{r} {res['throughput_rps']:>8.1f} "
+                              f"req/s p50 {res['p50_ms']} ms p99 {res['p99_ms']} ms cpu "
+                              f"{res['server_cpu_us_per_req']} us/req batch {res.get('avg_batch_rows', '-')} "
+                              f"err {res['errors']}", flush=True)
+                        series.setdefault(key, []).append(res)
+    out = []
+    for (model, proto, name), results in series.items():
+        best: dict[int, dict] = {}
+        for res in results:  # the best round per concurrency: noise only ever slows a segment down
+            c = res["concurrency"]
+            if c not in best or res["throughput_rps"] > best[c]["throughput_rps"]:
+                best[c] = res
+        out.append({"model": model, "protocol": proto, "target": name, "name": f"{name}, {proto}",
+                    "results": [best[c] for c in sorted(best)], "all_rounds": results})
+    return out
 
-    s = httpx.get(f"http://{server.http_url}/v2/models/{model}/stats").json()["model_stats"][0]
-    return {"inference_count": s["inference_count"], "execution_count": s["execution_count"]}
+
+def summarise(series: list[dict], limits: dict) -> dict:
+    by = {(s["model"], s["protocol"], s["target"]): {r["concurrency"]: r for r in s["results"]} for s in series}
+    out: dict = {}
+    for (model, proto, target), rows in by.items():
+        if target != "sluice batched":
+            continue
+        kserve = by.get((model, proto, "kserve"), {})
+        unbatched = by.get((model, proto, "sluice unbatched"), {})
+        entry: dict = {}
+        if 32 in rows and 32 in kserve:
+            entry["vs_kserve_at_32"] = round(rows[32]["throughput_rps"] / kserve[32]["throughput_rps"], 2)
+        if 32 in rows and 32 in unbatched:
+            entry["batching_gain_at_32"] = round(rows[32]["throughput_rps"] / unbatched[32]["throughput_rps"], 2)
+        if 1 in unbatched:
+            entry["server_cpu_us_per_req_at_1_unbatched"] = unbatched[1]["server_cpu_us_per_req"]
+        if 1 in rows:
+            entry["server_cpu_us_per_req_at_1_batched"] = rows[1]["server_cpu_us_per_req"]
+        if 1 in kserve:
+            entry["kserve_cpu_us_per_req_at_1"] = kserve[1]["server_cpu_us_per_req"]
+        sweep = limits.get(model, {}).get("by_batch_size")
+        if sweep:
+            entry["inprocess_batching_gain"] = round(max(r["rows_per_s"] for r in sweep) / sweep[0]["rows_per_s"], 2)
+        out[f"{model}, {proto}"] = entry
+    return out
 
 
 def plot(report: dict, path: Path) -> None:
@@ -160,86 +162,98 @@ def plot(report: dict, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
-    for series in report["series"]:
-        xs = [r["concurrency"] for r in series["results"]]
-        ax1.plot(xs, [r["throughput_rps"] for r in series["results"]], marker="o", label=series["name"])
-        ax2.plot(xs, [r["p50_ms"] for r in series["results"]], marker="o", label=series["name"])
-    ax1.set(xlabel="concurrency", ylabel="requests / s", title="digits ONNX throughput (1 row/request)",
-            xscale="log", yscale="log")
-    ax2.set(xlabel="concurrency", ylabel="p50 latency (ms)", title="p50 latency", xscale="log", yscale="log")
-    for ax in (ax1, ax2):
-        ax.set_xticks(list(CONCURRENCY), [str(c) for c in CONCURRENCY])
-        ax.grid(alpha=0.3)
-    ax1.legend(fontsize=8)
+    models = sorted({s["model"] for s in report["series"]})
+    fig, axes = plt.subplots(len(models), 3, figsize=(16, 4.5 * len(models)), squeeze=False)
+    for row, model in zip(axes, models, strict=True):
+        for s in (s for s in report["series"] if s["model"] == model):
+            xs = [r["concurrency"] for r in s["results"]]
+            style = "-" if s["protocol"] == "grpc" else "--"
+            row[0].plot(xs, [r["throughput_rps"] for r in s["results"]], style, marker="o", label=s["name"])
+            row[1].plot(xs, [r["p50_ms"] for r in s["results"]], style, marker="o", label=s["name"])
+        limit = report["inprocess"].get(model, {})
+        if limit.get("by_concurrency"):
+            lc = limit["by_concurrency"]
+            row[0].plot([r["concurrency"] for r in lc], [r["throughput_rps"] for r in lc], ":", color="k",
+                        label="in-process onnxruntime")
+        sweep = limit.get("by_batch_size", [])
+        row[2].plot([r["batch_size"] for r in sweep], [r["rows_per_s"] for r in sweep], marker="o", color="k")
+        row[0].set(xlabel="concurrency", ylabel="requests / s", title=f"{model}: throughput (1 row/request)",
+                   xscale="log", yscale="log")
+        row[1].set(xlabel="concurrency", ylabel="p50 latency (ms)", title=f"{model}: p50 latency", xscale="log",
+                   yscale="log")
+        row[2].set(xlabel="batch size", ylabel="rows / s", title=f"{model}: in-process onnxruntime by batch size",
+                   xscale="log")
+        if model == "digits":
+            row[0].set_title(row[0].get_title() + "\n" + _before_after(report), fontsize=8)
+        for ax in row:
+            ax.grid(alpha=0.3)
+        row[0].legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=100)
+
+
+def _before_after(report: dict) -> str:
+    """One line per protocol: Sluice / KServe at c=32 and CPU per request at c=1, before and now."""
+    lines = []
+    for key in ("digits, grpc", "digits, http"):
+        before, now = report.get("before", {}).get(key, {}), report["summary"].get(key, {})
+        lines.append(f"{key}: x{before.get('vs_kserve_at_32')} -> x{now.get('vs_kserve_at_32')} KServe at c=32, "
+                     f"{before.get('server_cpu_us_per_req_at_1_unbatched')} -> "
+                     f"{now.get('server_cpu_us_per_req_at_1_unbatched')} us CPU/req at c=1")
+    return "\n".join(lines)
+
+
+def parse_args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--duration-s", type=float, default=3.0)
+    p.add_argument("--max-requests", type=int, default=30000)
+    p.add_argument("--rounds", type=int, default=1)
+    p.add_argument("--client-procs", type=int, default=2)
+    p.add_argument("--concurrency", type=lambda s: [int(x) for x in s.split(",")], default=list(CONCURRENCY))
+    p.add_argument("--models", type=lambda s: s.split(","), default=["digits", "cnn"])
+    p.add_argument("--protocols", type=lambda s: s.split(","), default=["grpc", "http"])
+    p.add_argument("--targets", type=lambda s: s.split(","), default=["sluice", "kserve"])
+    p.add_argument("--frontends", type=int, default=1, help="Sluice's --frontends")
+    p.add_argument("--server-src", type=Path, default=ROOT, help="the Sluice checkout to serve from")
+    p.add_argument("--tag", default="")
+    p.add_argument("--out", type=Path, default=ROOT / "loadtests" / "reports")
+    args = p.parse_args()
+    if args.duration_s <= 0 or args.max_requests <= 0 or args.rounds <= 0:
+        raise SystemExit("--duration-s, --max-requests and --rounds must be positive")
+    return args
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--duration-s", type=float, default=3.0)
-    parser.add_argument("--max-requests", type=int, default=4000)
-    parser.add_argument("--out", type=Path, default=ROOT / "loadtests" / "reports")
-    args = parser.parse_args()
-    if args.duration_s <= 0 or args.max_requests <= 0:
-        raise SystemExit("--duration-s and --max-requests must be positive")
-
-    from sklearn.datasets import load_digits
-
-    xs = (load_digits().data / 16.0).astype(np.float32)
+    args = parse_args()
     root = Path(tempfile.mkdtemp(prefix="sluice-bench-"))
-    server = None
+    targets: list[Target] = []
     try:
-        repo = build_repo(root)
-        server = start_server(root, repo)
-        plans = [("in-process onnxruntime", inprocess_caller(repo / "digits_nodyn" / "1" / "model.onnx"), None)]
-        for proto, caller in (("grpc", grpc_caller), ("http-binary", http_caller)):
-            for model, label in (("digits_dyn", "dynamic batching"), ("digits_nodyn", "no batching")):
-                plans.append((f"{proto}, {label}", caller(server, model), model))
-        series = []
-        for name, make, model in plans:
-            results = []
-            for c in CONCURRENCY:
-                before = stats_of(server, model) if model else None
-                result = run_load(make, c, xs, args.duration_s, args.max_requests)
-                if model:
-                    after = stats_of(server, model)
-                    inf = after["inference_count"] - before["inference_count"]
-                    exe = after["execution_count"] - before["execution_count"]
-                    result["avg_batch_rows"] = round(inf / exe, 2) if exe else None
-                results.append(result)
-                print(f"{name:38s} c={c:<3d} {result['throughput_rps']:>8.1f} req/s  p50 {result['p50_ms']} ms  "
-                      f"p99 {result['p99_ms']} ms  batch {result.get('avg_batch_rows', '-')}", flush=True)
-            series.append({"name": name, "model": model, "results": results})
+        repo, files, data = build_repo(root)
+        load0 = load_average()
+        if "sluice" in args.targets:
+            sluice = start_sluice(root, repo, args.server_src, args.frontends)
+            targets += [sluice.as_target("sluice batched", "dyn"), sluice.as_target("sluice unbatched", "nodyn")]
+        if "kserve" in args.targets:
+            targets.append(start_kserve(root, files))
+        limits = {m: inprocess_limit(files[m], MODELS[m], np.load(data[m]), args) for m in args.models}
+        series = bench(targets, args, data)
         report = {
-            "benchmark": "classic digits_onnx",
-            "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
-            "settings": {"duration_s": args.duration_s, "max_requests": args.max_requests,
-                         "rows_per_request": 1, "dynamic_batching": DYN, "instances": 1},
-            "series": series, "summary": summarise(series),
+            "benchmark": "classic: digits MLP and digits CNN, Sluice vs KServe ModelServer vs in-process",
+            "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
+                        "load_average_before": load0, "load_average_after": load_average()},
+            "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+            "models": {m: {k: v for k, v in MODELS[m].items() if k != "config"} for m in args.models},
+            "inprocess": limits, "series": series, "summary": summarise(series, limits), "before": BEFORE,
         }
         args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "classic.json").write_text(json.dumps(report, indent=2) + "\n")
-        plot(report, args.out / "classic.png")
+        stem = "classic" + (f"-{args.tag}" if args.tag else "")
+        (args.out / f"{stem}.json").write_text(json.dumps(report, indent=2) + "\n")
+        plot(report, args.out / f"{stem}.png")
         print(json.dumps(report["summary"], indent=2))
     finally:
-        if server is not None:
-            server.stop()
+        for target in targets:
+            target.stop()
         shutil.rmtree(root, ignore_errors=True)
-
-
-def summarise(series: list[dict]) -> dict:
-    by = {s["name"]: {r["concurrency"]: r for r in s["results"]} for s in series}
-    base = by["in-process onnxruntime"][1]["p50_ms"]
-    out: dict = {}
-    for proto in ("grpc", "http-binary"):
-        dyn, nodyn = by[f"{proto}, dynamic batching"], by[f"{proto}, no batching"]
-        out[proto] = {
-            "batching_gain_at_32": round(dyn[32]["throughput_rps"] / nodyn[32]["throughput_rps"], 2),
-            "overhead_p50_ms_at_1": round(nodyn[1]["p50_ms"] - base, 3),
-        }
-    return out
 
 
 if __name__ == "__main__":

@@ -34,6 +34,38 @@ def build_all(repo_dir: Path, cache_dir: Path) -> None:
             builder(tmp)
             os.replace(tmp, cached)  # atomic: a concurrent or interrupted build never leaves half a file
         _install(cached, repo_dir / name / "1" / "model.onnx")
+    # The CNN goes where the repository declares it (a test repository without it trains nothing).
+    targets = {"digits_cnn": "model.onnx", "digits_cnn_pt": "model.pt"}
+    wanted = {name: file for name, file in targets.items() if (repo_dir / name / "config.pbtxt").exists()}
+    if wanted:
+        built = cnn_artifacts(cache_dir)
+        for name, file in wanted.items():
+            _install(built[file], repo_dir / name / "1" / file)
+
+
+def cnn_artifacts(cache_dir: Path) -> dict[str, Path]:
+    """The CNN (`cnn_build.py`), trained once per CNN_VERSION under a lock so concurrent builds train once:
+    {"model.onnx": path, "model.pt": path, "report": path}."""
+    import fcntl
+    import json
+
+    from model_repository.cnn_build import CNN_VERSION
+
+    out_dir = Path(cache_dir) / "classic" / CNN_VERSION
+    out_dir.mkdir(parents=True, exist_ok=True)
+    report_path = out_dir / "digits_cnn.json"
+    with open(out_dir / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        built = not report_path.exists()
+        if built:
+            from model_repository.cnn_build import build_cnn
+
+            build_cnn(out_dir)
+    report = json.loads(report_path.read_text())
+    print(f"digits_cnn: test accuracy {report['test_accuracy']:.4f} on {report['test_images']} held-out images, "
+          f"{report['mflops_per_image']} MFLOPs/image, " + (f"built in {report['build_s']} s" if built else "cached")
+          + f" ({report_path})", flush=True)
+    return {"model.onnx": out_dir / "digits_cnn.onnx", "model.pt": out_dir / "digits_cnn.pt", "report": report_path}
 
 
 def _install(src: Path, dst: Path) -> None:

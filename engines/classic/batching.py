@@ -14,7 +14,7 @@ Times are monotonic nanoseconds supplied by the caller, so tests drive the clock
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Hashable, Mapping
+from collections.abc import Hashable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -112,14 +112,21 @@ class BatchDecision:
 
 
 class BatchQueue:
-    """Priority queues plus the batching decision. Not thread-safe; one driver owns it."""
+    """Priority queues plus the batching decision. Not thread-safe; one driver owns it.
+
+    Every operation on the hot path (`push`, `form_batch`, and `expire` / `next_deadline_ns`
+    while no entry has a deadline) costs time in the batch it returns, not in the queue's length.
+    """
 
     def __init__(self, config: BatcherConfig) -> None:
         self.config = config
         self._levels: dict[int, deque[Entry]] = {lvl: deque() for lvl in range(1, config.priority_levels + 1)}
+        self._order = [self._levels[lvl] for lvl in sorted(self._levels)]  # highest priority first
+        self._count = 0
+        self._timed = 0  # entries with a deadline: while 0, nothing can expire
 
     def __len__(self) -> int:
-        return sum(len(q) for q in self._levels.values())
+        return self._count
 
     def level_for(self, priority: int) -> int:
         """Triton: priority 0 or outside [1, priority_levels] means the default level."""
@@ -138,67 +145,86 @@ class BatchQueue:
         deadline = now_ns + timeout * 1000 if timeout and policy.reject_on_timeout else None
         entry = Entry(item, batch_size, key, level, now_ns, deadline)
         queue.append(entry)
+        self._count += 1
+        self._timed += deadline is not None
         return entry
 
     def remove(self, predicate: Any) -> list[Entry]:
         """Drop entries for which predicate(entry) is true (e.g. cancelled by the client)."""
         dropped: list[Entry] = []
         for lvl, queue in self._levels.items():
-            keep = deque(e for e in queue if not predicate(e))
+            keep: deque[Entry] = deque()
+            for e in queue:
+                (dropped if predicate(e) else keep).append(e)
             if len(keep) != len(queue):
-                dropped.extend(e for e in queue if predicate(e))
                 self._levels[lvl] = keep
+        if dropped:
+            self._order = [self._levels[lvl] for lvl in sorted(self._levels)]
+            self._count -= len(dropped)
+            self._timed -= sum(e.deadline_ns is not None for e in dropped)
         return dropped
 
     def expire(self, now_ns: int) -> list[Entry]:
         """Remove and return the entries whose deadline has passed."""
+        if not self._timed:
+            return []
         return self.remove(lambda e: e.deadline_ns is not None and e.deadline_ns <= now_ns)
 
     def next_deadline_ns(self) -> int | None:
-        deadlines = [e.deadline_ns for q in self._levels.values() for e in q if e.deadline_ns is not None]
+        if not self._timed:
+            return None
+        deadlines = [e.deadline_ns for q in self._order for e in q if e.deadline_ns is not None]
         return min(deadlines, default=None)
 
-    def _ordered(self) -> list[Entry]:
-        return [e for lvl in sorted(self._levels) for e in self._levels[lvl]]
+    def _ordered(self) -> Iterator[Entry]:
+        for queue in self._order:
+            yield from queue
 
     def form_batch(self, now_ns: int) -> BatchDecision:
         """Pick the next batch (removing it from the queue), or say when to look again."""
-        ordered = self._ordered()
-        if not ordered:
+        if not self._count:
             return BatchDecision([], None)
         cfg = self.config
         if not cfg.dynamic:
-            return self._take([ordered[0]])
-        chosen, blocked = _gather(ordered, cfg.max_batch_size)
+            return self._take(1)
+        chosen, blocked = _gather(self._ordered(), cfg.max_batch_size)
         total = sum(e.batch_size for e in chosen)
         oldest_ns = min(e.enqueue_ns for e in chosen)
         delay_over = now_ns - oldest_ns >= cfg.max_queue_delay_us * 1000
         if cfg.preferred_batch_sizes:
             best = max(cfg.preferred_batch_sizes)
             if total >= best:
-                return self._take(_trim(chosen, best))
+                return self._take(len(_trim(chosen, best)))
             if total in cfg.preferred_batch_sizes and blocked:
-                return self._take(chosen)
+                return self._take(len(chosen))
         if total >= cfg.max_batch_size or blocked or delay_over:
-            return self._take(chosen)
+            return self._take(len(chosen))
         return BatchDecision([], oldest_ns + cfg.max_queue_delay_us * 1000)
 
-    def _take(self, chosen: list[Entry]) -> BatchDecision:
-        ids = {id(e) for e in chosen}
-        self.remove(lambda e: id(e) in ids)
-        return BatchDecision(chosen, None)
+    def _take(self, count: int) -> BatchDecision:
+        """Remove the first `count` entries in priority/FIFO order: every batch is such a prefix."""
+        taken: list[Entry] = []
+        for queue in self._order:
+            while queue and len(taken) < count:
+                taken.append(queue.popleft())
+            if len(taken) == count:
+                break
+        self._count -= len(taken)
+        self._timed -= sum(e.deadline_ns is not None for e in taken)
+        return BatchDecision(taken, None)
 
 
-def _gather(ordered: list[Entry], max_batch_size: int) -> tuple[list[Entry], bool]:
+def _gather(ordered: Iterator[Entry], max_batch_size: int) -> tuple[list[Entry], bool]:
     """Take entries in priority/FIFO order while they fit and share the first one's key.
 
     Stops at the first entry that does not fit or differs in shape, rather than
-    skipping ahead, so that requests are not reordered. Returns (chosen, blocked)
-    where blocked means the batch cannot grow any further.
+    skipping ahead, so that requests are not reordered: the chosen entries are a prefix
+    of the order. Returns (chosen, blocked) where blocked means the batch cannot grow any further.
     """
-    chosen = [ordered[0]]
-    total = ordered[0].batch_size
-    for entry in ordered[1:]:
+    first = next(ordered)
+    chosen = [first]
+    total = first.batch_size
+    for entry in ordered:
         if entry.key != chosen[0].key or total + entry.batch_size > max_batch_size:
             return chosen, True
         chosen.append(entry)

@@ -1,8 +1,9 @@
 """The instances of one model version, each on its own thread, under the execute time limit.
 
 Every method runs on the event loop and none blocks it. Contract:
-- `take()` hands out a free instance (or None); `await run(slot, requests)` executes
-  one batch on that instance's thread and gives the slot back. It returns exactly one
+- `take()` hands out a free instance (or None); `launch(slot, requests, on_done)` executes
+  one batch on that instance's thread, gives the slot back and calls `on_done(outcome)` on the
+  loop (`await run(slot, requests)` is the same as a coroutine). It returns exactly one
   result per request and never raises: a backend that raises, even SystemExit, fails
   its batch only.
 - A batch still running after the time limit fails with UNAVAILABLE at the limit.
@@ -100,21 +101,51 @@ class InstancePool:
     def take(self) -> Slot | None:
         return self._free.pop() if self._free else None
 
-    async def run(self, slot: Slot, requests: list[InferRequest]) -> Outcome:
+    def launch(self, slot: Slot, requests: list[InferRequest], on_done: Callable[[Outcome], None]) -> None:
+        """Execute one batch on the slot's thread; `on_done(outcome)` runs on the loop exactly once: when
+        the batch returns (the slot is free again by then), or at the time limit (the instance abandoned).
+        Callbacks rather than a task per batch: the loop's cost per batch is one callback."""
         future = slot.worker.submit(_execute, slot.instance, requests)
         limit = None if not self._limit_s or slot.instance.enforces_time_limit else self._limit_s
-        try:
-            done, _ = await asyncio.wait({future}, timeout=limit)
-        except asyncio.CancelledError:
-            future.add_done_callback(lambda _: self._give_back(slot))
-            raise
-        if done:
+        timer: asyncio.TimerHandle | None = None
+        finished = False
+
+        def returned(f: asyncio.Future[Outcome]) -> None:
+            nonlocal finished
+            if timer is not None:
+                timer.cancel()
+            if finished:
+                return  # it was abandoned at the limit; `_returned` takes it from here
+            finished = True
             self._give_back(slot)
-            return future.result()
-        replaced = self._abandon(slot, future)
-        message = (f"model '{self._name}' execute() exceeded its time limit of {self._limit_s:g} s; "
-                   + ("the instance is being replaced" if replaced else self.reason))
-        return Outcome([InferError(message, Code.UNAVAILABLE)] * len(requests), ComputeTimes())
+            exc = f.exception()
+            on_done(f.result() if exc is None else Outcome(
+                [InferError(f"model '{self._name}' failed: {describe(exc)}", Code.INTERNAL)] * len(requests),
+                ComputeTimes()))
+
+        def expired() -> None:
+            nonlocal finished
+            if finished:
+                return
+            finished = True
+            replaced = self._abandon(slot, future)
+            message = (f"model '{self._name}' execute() exceeded its time limit of {self._limit_s:g} s; "
+                       + ("the instance is being replaced" if replaced else self.reason))
+            on_done(Outcome([InferError(message, Code.UNAVAILABLE)] * len(requests), ComputeTimes()))
+
+        future.add_done_callback(returned)
+        if limit is not None:
+            timer = asyncio.get_running_loop().call_later(limit, expired)
+
+    async def run(self, slot: Slot, requests: list[InferRequest]) -> Outcome:
+        """`launch` as a coroutine (the batch is not cancelled with it: it still returns its slot)."""
+        done: asyncio.Future[Outcome] = asyncio.get_running_loop().create_future()
+
+        def finish(outcome: Outcome) -> None:
+            if not done.done():
+                done.set_result(outcome)
+        self.launch(slot, requests, finish)
+        return await asyncio.shield(done)
 
     def _give_back(self, slot: Slot) -> None:
         if slot in self._live and not self._closed:

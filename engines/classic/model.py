@@ -15,7 +15,7 @@ from engines.classic.errors import Code, InferError
 from engines.classic.instances import InstancePool
 from engines.classic.limits import ClassicLimits, execute_timeout_s, isolation
 from engines.classic.proto import ModelConfig
-from engines.classic.request import InferRequest, validate_request
+from engines.classic.request import InferRequest, RequestSpec
 from engines.classic.scheduler import Scheduler
 from engines.classic.stats import BACKEND, CANCELED, OTHER, REJECTED, ModelStats
 
@@ -34,6 +34,7 @@ class ModelVersion:
         self.version = version
         self.stats = stats
         self._limits = limits
+        self._spec = RequestSpec(config)
         self._scheduler = scheduler
         self._ensemble = ensemble
 
@@ -65,7 +66,7 @@ class ModelVersion:
 
     async def infer(self, request: InferRequest) -> dict[str, np.ndarray]:
         try:
-            validate_request(self.config, request, self._limits.max_tensor_elements)
+            self._spec.validate(request, self._limits.max_tensor_elements)
         except InferError:
             self.stats.request_started()
             self.stats.request_done(False, 0)

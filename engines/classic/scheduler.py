@@ -12,6 +12,11 @@ futures, the queue and the instances:
   if it dies, the requests it held fail with INTERNAL and it restarts.
 - Each batch runs on its instance's own thread (never on the loop) and resolves
   every one of its requests, whatever the backend does.
+
+Per request the loop does a push, one wake of the driver (a future, no task or
+`wait_for`), and one callback when its batch returns; the driver's work per wake-up
+is proportional to the batches it forms, not to the queue's length. Deadlines are
+met to the microsecond without spinning (`timer.wake_at`).
 """
 
 from __future__ import annotations
@@ -24,11 +29,12 @@ import numpy as np
 
 from engines.classic.batching import BatcherConfig, BatchQueue, QueueFull
 from engines.classic.errors import Code, InferError, unavailable
-from engines.classic.instances import InstancePool, Result, Slot
+from engines.classic.instances import InstancePool, Outcome, Result, Slot
 from engines.classic.proto import ModelConfig
 from engines.classic.request import InferRequest
 from engines.classic.stats import BACKEND, CANCELED, OTHER, REJECTED, ModelStats
 from engines.classic.tasks import supervise
+from engines.classic.timer import WakeHandle, wake_at
 from engines.classic.workers import describe
 
 # The driver re-checks its queue at least this often, whatever deadline a request carries.
@@ -52,10 +58,12 @@ class Scheduler:
         self._queue = BatchQueue(BatcherConfig.from_model_config(config, default_max_queue_size))
         self._pool = pool
         self._stats = stats
-        self._wake = asyncio.Event()
-        pool.on_change = self._wake.set
+        self._waiter: asyncio.Future[None] | None = None  # what the idle driver awaits
+        self._woken = False  # work arrived since the driver last looked
+        self._cancelled = False  # a queued request's client went away: drop it on the next pass
+        pool.on_change = self._wake
         self._driver: asyncio.Task[None] | None = None
-        self._batches: set[asyncio.Task[None]] = set()
+        self._batches: set[asyncio.Future[None]] = set()
         self._closed = False
 
     def start(self) -> None:
@@ -82,21 +90,30 @@ class Scheduler:
         except QueueFull as exc:
             self._stats.request_done(False, time.monotonic_ns() - now_ns, reason=REJECTED)
             raise InferError(str(exc), Code.OVERLOADED) from None
-        self._wake.set()
+        self._wake()
         try:
             return await future
         except asyncio.CancelledError:
-            self._wake.set()  # let the driver drop the cancelled entry and free its queue slot now
+            self._cancelled = True  # let the driver drop the cancelled entry and free its queue slot now
+            self._wake()
             raise
+
+    def _wake(self) -> None:
+        self._woken = True
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
 
     async def _drive(self) -> None:
         while True:
-            self._wake.clear()
+            self._woken = False
             now_ns = time.monotonic_ns()
             for entry in self._queue.expire(now_ns):
                 self._finish(entry.item, unavailable("Request timeout expired"), None, REJECTED)
-            for entry in self._queue.remove(lambda e: e.item.future.done()):
-                self._finish(entry.item, None, None)  # cancelled by its client
+            if self._cancelled:
+                self._cancelled = False
+                for entry in self._queue.remove(lambda e: e.item.future.done()):
+                    self._finish(entry.item, None, None)  # cancelled by its client
             if not self._pool.usable:
                 self._fail_queued(unavailable(f"model '{self._name}' has no usable instance: {self._pool.reason}"),
                                   REJECTED)
@@ -113,14 +130,20 @@ class Scheduler:
 
     async def _sleep(self, deadlines_ns: list[int]) -> None:
         """Wait for a wake-up or the earliest deadline (clamped: a deadline far away is not a float overflow)."""
-        timeout_s = None
+        if self._woken:
+            return
+        loop = asyncio.get_running_loop()
+        self._waiter = waiter = loop.create_future()
+        timer: WakeHandle | None = None
         if deadlines_ns:
-            wait_ns = min(max(0, min(deadlines_ns) - time.monotonic_ns()), _MAX_WAIT_NS)
-            timeout_s = wait_ns / 1e9
+            deadline = min(min(deadlines_ns), time.monotonic_ns() + _MAX_WAIT_NS)
+            timer = wake_at(loop, deadline, self._wake)
         try:
-            await asyncio.wait_for(self._wake.wait(), timeout_s)
-        except TimeoutError:
-            pass
+            await waiter
+        finally:
+            self._waiter = None
+            if timer is not None:
+                timer.cancel()
 
     def _crashed(self, exc: BaseException) -> None:
         """The driver died: what it held may be what killed it, so fail it rather than retry it."""
@@ -132,24 +155,29 @@ class Scheduler:
             self._finish(entry.item, error, None, reason)
 
     def _launch(self, slot: Slot, items: list[_Pending], start_ns: int) -> None:
-        task = asyncio.get_running_loop().create_task(self._execute(slot, items, start_ns))
-        self._batches.add(task)
-        task.add_done_callback(self._batches.discard)
-
-    async def _execute(self, slot: Slot, items: list[_Pending], start_ns: int) -> None:
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._batches.add(done)
+        done.add_done_callback(self._batches.discard)
         requests = [p.request for p in items]
+        self._pool.launch(slot, requests, lambda outcome: self._completed(items, requests, outcome, start_ns, done))
+
+    def _completed(self, items: list[_Pending], requests: list[InferRequest], outcome: Outcome | None,
+                   start_ns: int, done: asyncio.Future[None]) -> None:
+        """On the loop, once per batch: `outcome` None means the batch was lost (the pool is closing)."""
         try:
-            outcome = await self._pool.run(slot, requests)
-            t = outcome.timings
-            self._stats.execution(sum(r.batch_size for r in requests), len(requests), t.input_ns, t.infer_ns,
-                                  t.output_ns)
-            for pending, result in zip(items, outcome.results, strict=True):
-                self._finish(pending, result, start_ns - pending.arrival_ns)
+            if outcome is not None:
+                t = outcome.timings
+                self._stats.execution(sum(r.batch_size for r in requests), len(requests), t.input_ns,
+                                      t.infer_ns, t.output_ns)
+                for pending, result in zip(items, outcome.results, strict=True):
+                    self._finish(pending, result, start_ns - pending.arrival_ns)
         finally:  # whatever broke above, no request of this batch is left waiting
             for pending in items:
                 if not pending.future.done():
                     self._finish(pending, InferError(f"model '{self._name}': the batch was lost", Code.INTERNAL),
                                  None)
+            if not done.done():
+                done.set_result(None)
 
     def _finish(self, pending: _Pending, result: Result | None, queue_ns: int | None, reason: str = BACKEND) -> None:
         """Resolve one request; a failure counts under `reason` (no result: cancelled by its client)."""

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import orjson
 
 from engines.classic.dtypes import numpy_to_wire
 from engines.classic.errors import invalid
@@ -47,11 +48,9 @@ def decode_request(body: bytes, header_length: str | None, max_elements: int) ->
             raise invalid(f"Inference-Header-Content-Length {length} exceeds the body size {len(body)}")
     else:
         length = len(body)
-    check_json_depth(memoryview(body)[:length])
-    try:
-        header = json.loads(body[:length])
-    except (ValueError, RecursionError) as exc:  # RecursionError: arrays or objects nested too deeply
-        raise invalid(f"failed to parse the request JSON: {exc}") from None
+    text = body[:length]
+    check_json_depth(text)
+    header = _parse(text)
     if not isinstance(header, dict):
         raise invalid("the request body must be a JSON object")
     params = _dict(header.get("parameters"), "parameters")
@@ -66,6 +65,19 @@ def decode_request(body: bytes, header_length: str | None, max_elements: int) ->
         binary_outputs=binary, default_binary=bool(params.get("binary_data_output", False)),
         priority=int_param(params, "priority"), timeout_us=int_param(params, "timeout"),
         parameters={k: v for k, v in params.items() if k not in ("binary_data_output", "priority", "timeout")})
+
+
+def _parse(text: bytes) -> Any:
+    """orjson, or the standard library where orjson refuses (NaN, integers past 64 bits: the standard
+    library accepts them, and the tensor checks then answer as they always did)."""
+    try:
+        return orjson.loads(text)
+    except orjson.JSONDecodeError:
+        pass
+    try:
+        return json.loads(text)
+    except (ValueError, RecursionError) as exc:  # RecursionError: arrays or objects nested too deeply
+        raise invalid(f"failed to parse the request JSON: {exc}") from None
 
 
 def _dict(value: Any, what: str) -> dict[str, Any]:
@@ -143,7 +155,13 @@ def encode_response(model: str, version: str, req: HttpInferRequest,
     header: dict[str, Any] = {"model_name": model, "model_version": version, "outputs": out_specs}
     if req.request_id:
         header["id"] = req.request_id
-    head = json.dumps(header, separators=(",", ":")).encode()
+    if blobs and len(blobs) == len(out_specs):  # names, types, shapes, sizes, the id: no float to write
+        try:
+            head = orjson.dumps(header)
+            return head + b"".join(blobs), len(head)
+        except orjson.JSONEncodeError:  # an id holding a lone surrogate, which the standard library escapes
+            pass
+    head = json.dumps(header, separators=(",", ":")).encode()  # JSON data may hold NaN, which orjson nulls
     if not blobs:
         return head, None
     return head + b"".join(blobs), len(head)

@@ -32,12 +32,26 @@ class AccessInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]  # gr
     def __init__(self, security: Security, status_of: StatusOf) -> None:
         self.security = security
         self.status_of = status_of
+        # The wrapped handler of each method, built on its first call: the servicer's handlers never
+        # change, and building one per call cost more than the check itself.
+        self._wrapped: dict[str, grpc.RpcMethodHandler | None] = {}
 
     async def intercept_service(self, continuation: Continuation,
                                 details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler | None:
+        method = details.method
+        try:
+            return self._wrapped[method]
+        except KeyError:
+            pass
         handler = await continuation(details)
-        access = classify_rpc(details.method)
-        if handler is None or access is Access.OPEN:
+        if handler is None:
+            return None  # an unknown method is not cached: clients choose those names
+        wrapped = self._wrap(handler, classify_rpc(method))
+        self._wrapped[method] = wrapped
+        return wrapped
+
+    def _wrap(self, handler: grpc.RpcMethodHandler, access: Access) -> grpc.RpcMethodHandler:
+        if access is Access.OPEN:
             return handler
         kw = {"request_deserializer": handler.request_deserializer,
               "response_serializer": handler.response_serializer}
@@ -74,9 +88,10 @@ class AccessInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]  # gr
             metadata.setdefault(key.lower(), value)
         token = metadata.get("authorization")
         try:
-            principal = self.security.authenticate(
-                access, bearer(token if isinstance(token, str) else None),
-                local=is_local(grpc_peer_host(context.peer() or ""), set(metadata)))
+            # Only admin RPCs care whether the peer is local: the peer is parsed for them alone.
+            local = access is Access.ADMIN and is_local(grpc_peer_host(context.peer() or ""), set(metadata))
+            principal = self.security.authenticate(access, bearer(token if isinstance(token, str) else None),
+                                                   local=local)
             if access is not Access.API or principal is None:
                 return None
             lease = await self.security.quotas.admit(principal.id, count=count)

