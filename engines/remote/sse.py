@@ -1,0 +1,31 @@
+"""Server-sent events from a worker's response body (pure, no I/O).
+
+`SseLines.feed(data)` takes body bytes as they arrive and returns the payloads of the complete
+``data:`` lines in them, in order; comments (``: ping``) and other fields are skipped, and a
+line cut between two reads is kept until its end arrives. OpenAI-compatible servers send one
+``data:`` line per event, so each payload is one JSON chunk (or ``[DONE]``).
+"""
+
+from __future__ import annotations
+
+MAX_LINE_BYTES = 8 * 1024 * 1024  # a first chunk carries prompt_token_ids: ~7 bytes a token
+
+
+class SseLines:
+    def __init__(self, max_line_bytes: int = MAX_LINE_BYTES) -> None:
+        self._rest = b""
+        self._max = max_line_bytes
+
+    def feed(self, data: bytes) -> list[bytes]:
+        """Payloads of the `data:` lines completed by `data`. ValueError for an over-long line."""
+        if self._rest:
+            data = self._rest + data
+        lines = data.split(b"\n")
+        self._rest = lines.pop()
+        if len(self._rest) > self._max:
+            raise ValueError(f"the worker sent an event line over {self._max} bytes")
+        out = []
+        for line in lines:
+            if line.startswith(b"data:"):
+                out.append(line[5:].strip())
+        return out
