@@ -75,6 +75,9 @@ class EngineRequest:
     chat_body: dict[str, Any] | None = None
     lora: str | None = None
     cache_salt: str | None = None
+    # W3C trace context (`traceparent`, `tracestate`) of the gateway's span for this attempt;
+    # remote engines send it as request headers, so the worker's spans join the trace.
+    trace_headers: dict[str, str] | None = None
 
 
 @dataclass(slots=True)

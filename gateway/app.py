@@ -24,6 +24,7 @@ from gateway.security.guard import build_security
 from gateway.security.http import AccessMiddleware
 from gateway.settings import Settings
 from gateway.state import AppState
+from gateway.tracing import Tracing
 from router import Router
 
 # Response headers a browser client may read across origins.
@@ -35,7 +36,8 @@ def build_state(settings: Settings) -> AppState:
     registry = CollectorRegistry()
     metrics = LLMMetrics(registry)
     security = build_security(settings, registry)
-    llm = LLMService(metrics, settings.admission(), settings.max_fanout, tokens=security.quotas)
+    llm = LLMService(metrics, settings.admission(), settings.max_fanout, tokens=security.quotas,
+                     tracing=Tracing(settings.otlp_endpoint, __version__))
     registry.register(EngineStatsCollector(llm.engine_stats))
     shared = None
     if settings.redis_url:

@@ -63,6 +63,15 @@ def _serve_parser(sub: Any) -> None:
     p.add_argument("--log-level", help="[SLUICE_LOG_LEVEL; info]")
     p.add_argument("--log-format", choices=LOG_FORMATS, help="text, or json: one object per line [text]")
     _security_flags(p)
+    _observability_flags(p)
+
+
+def _observability_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--metrics-port", type=int,
+                   help="also serve /metrics (the same registry) on this port of its own [none]")
+    p.add_argument("--otlp-endpoint", metavar="URL",
+                   help="export an OpenTelemetry trace per LLM request over OTLP/HTTP, e.g. "
+                        "http://collector:4318/v1/traces [none]")
 
 
 def _security_flags(p: argparse.ArgumentParser) -> None:

@@ -7,6 +7,7 @@ Router and KServe collectors register onto the same registry.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -14,65 +15,99 @@ from prometheus_client.registry import Collector
 
 from engines.base import EngineStats
 
+if TYPE_CHECKING:
+    from gateway.llm.admission import AdmissionConfig
+
 _LATENCY_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 _ITL_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.5)
 
 
 class LLMMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
-        self.requests = Counter(
-            "sluice_requests", "HTTP requests by route, model and status code.",
-            ["route", "model", "status"], registry=registry,
-        )
-        self.prompt_tokens = Counter("sluice_prompt_tokens", "Prompt tokens processed.", ["model"],
-                                     registry=registry)
-        self.generation_tokens = Counter("sluice_generation_tokens", "Tokens generated.", ["model"],
-                                         registry=registry)
+        r = registry
+        self.requests = Counter("sluice_requests", "HTTP requests answered, by route template, model and status code.",
+                                ["route", "model", "status"], registry=r)
+        self.prompt_tokens = Counter("sluice_prompt_tokens", "Prompt tokens processed, by model.", ["model"],
+                                     registry=r)
+        self.generation_tokens = Counter("sluice_generation_tokens", "Completion tokens generated, by model.",
+                                         ["model"], registry=r)
         self.cached_tokens = Counter("sluice_cached_prompt_tokens",
-                                     "Prompt tokens the engine served from its prefix cache.", ["model"],
-                                     registry=registry)
-        self.ttft = Histogram("sluice_time_to_first_token_seconds", "Time to first token.", ["model"],
-                              buckets=_LATENCY_BUCKETS_S, registry=registry)
-        self.itl = Histogram("sluice_inter_token_latency_seconds", "Time between streamed deltas.", ["model"],
-                             buckets=_ITL_BUCKETS_S, registry=registry)
-        self.e2e = Histogram("sluice_e2e_request_latency_seconds", "End-to-end request latency.", ["model"],
-                             buckets=_LATENCY_BUCKETS_S, registry=registry)
-        self.queue_time = Histogram("sluice_queue_time_seconds", "Time spent waiting for admission.", ["model"],
-                                    buckets=_LATENCY_BUCKETS_S, registry=registry)
-        self.inflight = Gauge("sluice_requests_inflight", "Requests admitted and not finished.", ["model"],
-                              registry=registry)
-        self.queued = Gauge("sluice_requests_queued", "Requests waiting for admission.", ["model"],
-                            registry=registry)
+                                     "Prompt tokens the engine served from its prefix cache.", ["model"], registry=r)
+        self.ttft = Histogram("sluice_time_to_first_token_seconds",
+                              "LLM requests: time from dispatch to the first token, seconds.", ["model"],
+                              buckets=_LATENCY_BUCKETS_S, registry=r)
+        self.itl = Histogram("sluice_inter_token_latency_seconds",
+                             "LLM requests: time between two streamed deltas, seconds.", ["model"],
+                             buckets=_ITL_BUCKETS_S, registry=r)
+        self.e2e = Histogram("sluice_e2e_request_latency_seconds",
+                             "LLM requests: time from dispatch to the last delta, seconds.", ["model"],
+                             buckets=_LATENCY_BUCKETS_S, registry=r)
+        self.queue_time = Histogram("sluice_queue_time_seconds",
+                                    "LLM requests: time waiting for admission (max_running), seconds.", ["model"],
+                                    buckets=_LATENCY_BUCKETS_S, registry=r)
+        self.inflight = Gauge("sluice_requests_inflight",
+                              "LLM requests admitted and not finished, by model (this replica).", ["model"], registry=r)
+        self.queued = Gauge("sluice_requests_queued", "LLM requests waiting for admission, by model (this replica).",
+                            ["model"], registry=r)
         self.retries = Counter("sluice_request_retries", "Requests moved to the next-ranked worker after a "
-                               "failure before the first byte.", ["model"], registry=registry)
-        self.finished = Counter("sluice_request_finished", "Finished generations by reason.",
-                                ["model", "finish_reason"], registry=registry)
+                               "failure before the first byte.", ["model"], registry=r)
+        self.inflight_limit = Gauge("sluice_requests_inflight_limit",
+                                    "Admitted LLM requests a model may have at once (--max-running).", ["model"],
+                                    registry=r)
+        self.queued_limit = Gauge("sluice_requests_queued_limit",
+                                  "LLM requests a model may have waiting before 503 (--max-queued).", ["model"],
+                                  registry=r)
+        self.finished = Counter("sluice_request_finished", "Finished generations (one per choice), by model and "
+                                "finish reason (stop, length, abort, error...).", ["model", "finish_reason"],
+                                registry=r)
+
+
+    def model_changed(self, admission: AdmissionConfig, model: str, added: bool) -> None:
+        """A model was added (its series start at 0, so rate() and alerts see it before any event)
+        or removed (its gauges go)."""
+        if not added:
+            for gauge in (self.inflight_limit, self.queued_limit, self.inflight, self.queued):
+                try:
+                    gauge.remove(model)
+                except KeyError:
+                    pass
+            return
+        self.inflight_limit.labels(model).set(admission.max_running)
+        self.queued_limit.labels(model).set(admission.max_queued)
+        for series in (self.inflight, self.queued, self.retries, self.prompt_tokens, self.generation_tokens,
+                       self.cached_tokens):
+            series.labels(model)
 
 
 class EngineStatsCollector(Collector):
-    """Exports each in-process engine's scheduler snapshot at scrape time."""
+    """Exports each in-process engine's scheduler snapshot at scrape time, labelled by model and
+    worker (the target name, `local` for the gateway's own engine), so that no two engines share
+    a series. Remote workers' own counts come from the router (`sluice_router_worker_requests_*`,
+    scraped from the worker) and from the worker's own /metrics."""
 
-    def __init__(self, source: Callable[[], Iterable[tuple[str, EngineStats]]]) -> None:
+    def __init__(self, source: Callable[[], Iterable[tuple[str, str, EngineStats]]]) -> None:
         self._source = source
 
     def collect(self) -> Iterable[GaugeMetricFamily | CounterMetricFamily]:
+        labels = ["model", "worker"]
         running = GaugeMetricFamily("sluice_engine_requests_running",
-                                    "Requests in the engine's running batch.", labels=["model"])
+                                    "Requests in the in-process engine's running batch.", labels=labels)
         waiting = GaugeMetricFamily("sluice_engine_requests_waiting",
-                                    "Requests queued inside the engine.", labels=["model"])
+                                    "Requests queued inside the in-process engine.", labels=labels)
         batch = GaugeMetricFamily("sluice_engine_max_batch_size",
-                                  "Largest batch the engine has run since start.", labels=["model"])
-        steps = CounterMetricFamily("sluice_engine_steps", "Forward passes the engine has run.", labels=["model"])
+                                  "Largest batch (requests) the engine has run since start.", labels=labels)
+        steps = CounterMetricFamily("sluice_engine_steps", "Forward passes the engine has run.", labels=labels)
         batched = CounterMetricFamily("sluice_engine_batched_steps",
-                                      "Forward passes that ran more than one request.", labels=["model"])
+                                      "Forward passes that ran more than one request.", labels=labels)
         restarts = CounterMetricFamily("sluice_engine_restarts",
                                        "Times the engine's supervisor restarted it after its generation loop "
-                                       "died.", labels=["model"])
-        for model, stats in self._source():
-            running.add_metric([model], stats.running)
-            waiting.add_metric([model], stats.waiting)
-            batch.add_metric([model], stats.max_batch_size_seen)
-            steps.add_metric([model], stats.steps)
-            batched.add_metric([model], stats.batched_steps)
-            restarts.add_metric([model], stats.restarts)
+                                       "died.", labels=labels)
+        for model, worker, stats in self._source():
+            key = [model, worker]
+            running.add_metric(key, stats.running)
+            waiting.add_metric(key, stats.waiting)
+            batch.add_metric(key, stats.max_batch_size_seen)
+            steps.add_metric(key, stats.steps)
+            batched.add_metric(key, stats.batched_steps)
+            restarts.add_metric(key, stats.restarts)
         yield from (running, waiting, batch, steps, batched, restarts)

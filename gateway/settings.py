@@ -65,6 +65,8 @@ class Settings(BaseSettings):
     admin_keys: str | None = Field(default=None, repr=False)  # SLUICE_ADMIN_KEYS, comma-separated
     admin_keys_file: Path | None = None
     metrics_require_key: bool = False  # /metrics then needs an API or admin key
+    metrics_port: int | None = Field(default=None, ge=0, le=65535)  # /metrics on a port of its own too
+    otlp_endpoint: str | None = None  # OTLP/HTTP traces endpoint, e.g. http://collector:4318/v1/traces
     forwarded_allow_ips: str = ""  # proxies whose X-Forwarded-For/-Proto uvicorn applies (comma-separated)
     cors_allow_origins: str = ""  # comma-separated; empty: no CORS headers
     # Per-key quotas (0: unlimited); a keys file overrides them per key.
@@ -104,6 +106,9 @@ class Settings(BaseSettings):
         self.router_config()
         if self.redis_url is not None:
             validate_redis_url(self.redis_url)
+        if self.otlp_endpoint is not None and not self.otlp_endpoint.startswith(("http://", "https://")):
+            raise ValueError(f"otlp endpoint must be an http:// or https:// URL (OTLP/HTTP), got "
+                             f"{self.otlp_endpoint!r}")
         for spec in self.k8s_discovery:
             parse_discovery(spec)
         if self.k8s_discovery:

@@ -25,6 +25,7 @@ from gateway.discovery import K8sDiscovery, parse_discovery
 from gateway.embeddings import EmbeddingBridge
 from gateway.llm.local import LLMSpec, specs_from_configs, start_local_llm, stop_local_engines
 from gateway.llm.workers import discover_kv_events, parse_worker_arg
+from gateway.metrics_server import MetricsServer
 from gateway.state import AppState
 
 log = logging.getLogger("sluice.startup")
@@ -37,6 +38,7 @@ async def lifespan(state: AppState, llm_specs: list[LLMSpec] | None) -> AsyncIte
     _announce_access(state)
     await state.security.quotas.start()
     grpc_server = await _start_grpc(state)
+    metrics_server = await _start_metrics_server(state)
     await state.router.start()
     discovery = _discovery(state)
     task = asyncio.create_task(bootstrap(state, llm_specs, discovery), name="sluice-bootstrap")
@@ -59,6 +61,9 @@ async def lifespan(state: AppState, llm_specs: list[LLMSpec] | None) -> AsyncIte
         await stop_local_engines(state.llm.registry)
         state.renderer.close()
         await state.security.quotas.stop()
+        if metrics_server is not None:
+            await metrics_server.stop()
+        await asyncio.to_thread(state.llm.tracing.shutdown)  # flushes buffered spans
 
 
 async def bootstrap(state: AppState, llm_specs: list[LLMSpec] | None,
@@ -111,6 +116,15 @@ async def _start_grpc(state: AppState) -> Any:
     from gateway.kserve.grpc import start_grpc_server
 
     return await start_grpc_server(state.classic, state.llm, s.host, s.grpc_port, s.grpc_limits(), state.security)
+
+
+async def _start_metrics_server(state: AppState) -> MetricsServer | None:
+    s = state.settings
+    if s.metrics_port is None:
+        return None
+    server = MetricsServer(state.registry, state.security, s.host, s.metrics_port)
+    await server.start()
+    return server
 
 
 def _announce_access(state: AppState) -> None:

@@ -47,6 +47,11 @@ class EventApplier:
         self.stats = ApplyStats()
         self.observed_block_size: int | None = None
 
+    @property
+    def mapped_blocks(self) -> int:
+        """Engine hashes currently mapped (memory accounting)."""
+        return len(self._map)
+
     def reset(self) -> None:
         """Forget the hash map and the worker's exact entries (engine restart, event gap)."""
         self._map.clear()

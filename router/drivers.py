@@ -33,6 +33,8 @@ from router.load import ScrapedMetrics, scrape_metrics
 log = logging.getLogger(__name__)
 _MAINTENANCE_INTERVAL_S = 1.0
 _RESTART_BACKOFF = Backoff(initial_s=0.5, max_s=30.0)
+# Engines whose /metrics speak vLLM's names (running, waiting, KV usage, cache config): scraped for load.
+_VLLM_METRICS_ENGINES = ("vllm", "sim")
 
 
 class WorkerFeed(Protocol):
@@ -87,7 +89,7 @@ class Drivers:
         name = info.name
         self.stop_worker(name)
         tasks = [self._spawn("health", name, lambda: self._health_loop(name, info.url))]
-        if self._config.scrape_interval_s > 0 and info.engine == "vllm":
+        if self._config.scrape_interval_s > 0 and info.engine in _VLLM_METRICS_ENGINES:
             tasks.append(self._spawn("scrape", name, lambda: self._scrape_loop(name, info.url)))
         sub = self._subscriber(info)
         if sub is not None:

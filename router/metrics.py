@@ -23,46 +23,46 @@ class RouterMetrics:
 
     def __init__(self, registry: CollectorRegistry, accuracy_window: int) -> None:
         r = registry
-        self.decisions = Counter("sluice_router_decisions", "Routing decisions by policy and reason",
+        self.decisions = Counter("sluice_router_decisions", "Routing decisions by policy and reason.",
                                  ["policy", "reason"], registry=r)
         self.predicted_tokens = Counter("sluice_router_predicted_cached_tokens",
-                                        "Cached prompt tokens the router predicted", registry=r)
+                                        "Cached prompt tokens the router predicted (requests whose engine reported its "
+                                        "own count).", registry=r)
         self.reported_tokens = Counter("sluice_router_reported_cached_tokens",
-                                       "Cached prompt tokens the engines reported", registry=r)
-        self.prediction_error = Histogram("sluice_router_cached_tokens_abs_error",
-                                          "|predicted - reported| cached tokens per request",
+                                       "Cached prompt tokens the engines reported.", registry=r)
+        self.prediction_error = Histogram("sluice_router_cached_tokens_abs_error_tokens",
+                                          "|predicted - reported| cached prompt tokens per request, tokens.",
                                           buckets=_TOKEN_BUCKETS, registry=r)
         self.predictions = Counter("sluice_router_predictions",
                                    "Finished requests by prediction outcome "
-                                   "(within_block, over, under)", ["outcome"], registry=r)
-        self.accuracy = Gauge("sluice_router_prediction_accuracy",
+                                   "(within_block, over, under).", ["outcome"], registry=r)
+        self.accuracy = Gauge("sluice_router_prediction_accuracy_ratio",
                               "Fraction of recent requests whose predicted cached tokens were within "
-                              "one block of the engine's report", registry=r)
-        self.healthy = Gauge("sluice_router_worker_healthy", "1 if the worker takes new requests",
+                              "one block of the engine's report (0..1).", registry=r)
+        self.healthy = Gauge("sluice_router_worker_healthy", "1 if the worker takes new requests, else 0.",
                              ["worker"], registry=r)
-        self.breaker = Gauge("sluice_router_worker_breaker_state", "0 closed, 1 half-open, 2 open",
+        self.breaker = Gauge("sluice_router_worker_breaker_state", "Circuit breaker: 0 closed, 1 half-open, 2 open.",
                              ["worker"], registry=r)
-        self.in_flight = Gauge("sluice_router_worker_in_flight", "Requests in flight from this gateway",
+        self.in_flight = Gauge("sluice_router_worker_in_flight", "Requests in flight from this gateway replica.",
                                ["worker"], registry=r)
-        self.index_blocks = Gauge("sluice_router_index_blocks", "Blocks indexed for the worker",
+        self.index_blocks = Gauge("sluice_router_index_blocks",
+                                  "KV blocks indexed for the worker (exact and speculative entries).",
                                   ["worker"], registry=r)
-        self.kv_events = Counter("sluice_router_kv_events", "KV events applied", ["worker"], registry=r)
-        self.kv_gaps = Counter("sluice_router_kv_event_gaps", "KV event sequence gaps seen",
+        self.kv_events = Counter("sluice_router_kv_events", "KV events applied.", ["worker"], registry=r)
+        self.kv_gaps = Counter("sluice_router_kv_event_gaps", "KV event sequence gaps seen.",
                                ["worker"], registry=r)
-        self.kv_replays = Counter("sluice_router_kv_event_replays", "KV event replays that filled a gap",
+        self.kv_replays = Counter("sluice_router_kv_event_replays", "KV event replays that filled a gap.",
                                   ["worker"], registry=r)
         self.kv_lag = Gauge("sluice_router_kv_event_lag_seconds",
-                            "Receive time minus engine publish time of the last KV event batch",
+                            "Receive time minus engine publish time of the last KV event batch, seconds.",
                             ["worker"], registry=r)
         self.kv_resets = Counter("sluice_router_kv_index_resets",
                                  "Times a worker's exact index entries were dropped because KV-event "
-                                 "continuity was lost (gap, restart, malformed, error)", ["worker", "reason"],
+                                 "continuity was lost (gap, restart, malformed, error).", ["worker", "reason"],
                                  registry=r)
         self.task_restarts = Counter("sluice_background_task_restarts",
-                                     "Background tasks restarted after they failed (task; worker, if any)",
+                                     "Background tasks restarted after they failed (task; worker, if any).",
                                      ["task", "worker"], registry=r)
-        self.redis_up = Gauge("sluice_router_redis_connected", "1 while shared state in Redis is reachable",
-                              registry=r)
         self._window: deque[bool] = deque(maxlen=accuracy_window)
 
     def observe_prediction(self, predicted: int, reported: int, block_size: int) -> None:
@@ -75,6 +75,17 @@ class RouterMetrics:
         self.predictions.labels("within_block" if within else ("over" if err > 0 else "under")).inc()
         self._window.append(within)
         self.accuracy.set(sum(self._window) / len(self._window))
+
+    def init_worker(self, worker: str, has_events: bool) -> None:
+        """Start a new worker's counters at 0, so that rate() and alerts see them before any event."""
+        tasks = ("health", "scrape", "kv-events") if has_events else ("health", "scrape")
+        for task in tasks:
+            self.task_restarts.labels(task, worker)
+        if has_events:
+            for c in (self.kv_events, self.kv_gaps, self.kv_replays):
+                c.labels(worker)
+            for reason in KV_RESET_REASONS:
+                self.kv_resets.labels(worker, reason)
 
     def forget_worker(self, worker: str) -> None:
         for g in (self.healthy, self.breaker, self.in_flight, self.index_blocks, self.kv_events,

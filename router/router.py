@@ -40,6 +40,7 @@ from router.metrics import RouterMetrics
 from router.replica import ReplicaSync
 from router.shared import SharedState
 from router.state import RouterState, WorkerEntry
+from router.state_metrics import RouterStateCollector
 from router.types import NoWorkerError, Ranking, WorkerStatus
 
 log = logging.getLogger(__name__)
@@ -63,8 +64,10 @@ class Router:
     def __init__(self, config: RouterConfig, registry: CollectorRegistry | None = None,
                  shared: SharedState | None = None, *, clock: Callable[[], float] = time.monotonic) -> None:
         self.config = config
-        self.metrics = RouterMetrics(registry or CollectorRegistry(), config.accuracy_window)
+        registry = registry or CollectorRegistry()
+        self.metrics = RouterMetrics(registry, config.accuracy_window)
         self._state = RouterState(config, self.metrics, shared, clock)
+        registry.register(RouterStateCollector(self._state))
         self._shared = shared
         self._dispatches: dict[str, _Dispatch] = {}
         self._rr_turn = 0

@@ -66,6 +66,7 @@ class RouterState:
         block_size = info.block_size or (old.block_size if old else c.default_block_size)
         entry = WorkerEntry(info, health, applier, block_size)
         self.workers[info.name] = entry
+        self.metrics.init_worker(info.name, info.has_events)
         capacity = None if info.has_events else (info.capacity_blocks or c.approx_capacity_blocks)
         self.index.add_worker(info.name, capacity)
         return entry
@@ -159,5 +160,3 @@ class RouterState:
             m.breaker.labels(name).set(int(w.health.breaker.state(now)))
             m.in_flight.labels(name).set(self.load.local(name)[0])
             m.index_blocks.labels(name).set(self.index.size(name))
-        if self.shared is not None:
-            m.redis_up.set(1 if self.shared.connected else 0)

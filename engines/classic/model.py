@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from pathlib import Path
 from typing import Any
@@ -10,13 +11,13 @@ import numpy as np
 
 from engines.classic.backends import Backend, create_instance
 from engines.classic.ensemble import EnsembleRunner
-from engines.classic.errors import InferError
+from engines.classic.errors import Code, InferError
 from engines.classic.instances import InstancePool
 from engines.classic.limits import ClassicLimits, execute_timeout_s, isolation
 from engines.classic.proto import ModelConfig
 from engines.classic.request import InferRequest, validate_request
 from engines.classic.scheduler import Scheduler
-from engines.classic.stats import ModelStats
+from engines.classic.stats import BACKEND, CANCELED, OTHER, REJECTED, ModelStats
 
 
 def instance_count(config: ModelConfig) -> int:
@@ -77,14 +78,20 @@ class ModelVersion:
         assert self._ensemble is not None  # internal invariant: built as ensemble or scheduled
         start_ns = time.monotonic_ns()
         self.stats.request_started()
-        ok = False
+        ok, reason = False, OTHER
         try:
             result = await self._ensemble.run(request)
             ok = True
             return result
+        except asyncio.CancelledError:
+            reason = CANCELED
+            raise
+        except InferError as e:  # a step refused by its scheduler, or failed in its backend
+            reason = REJECTED if e.kind is Code.OVERLOADED else BACKEND
+            raise
         finally:
             elapsed = time.monotonic_ns() - start_ns
-            self.stats.request_done(ok, elapsed, 0 if ok else None)
+            self.stats.request_done(ok, elapsed, 0 if ok else None, reason)
             if ok:
                 self.stats.execution(request.batch_size, 1, 0, elapsed, 0)
 

@@ -27,7 +27,7 @@ from engines.classic.errors import Code, InferError, unavailable
 from engines.classic.instances import InstancePool, Result, Slot
 from engines.classic.proto import ModelConfig
 from engines.classic.request import InferRequest
-from engines.classic.stats import ModelStats
+from engines.classic.stats import BACKEND, CANCELED, OTHER, REJECTED, ModelStats
 from engines.classic.tasks import supervise
 from engines.classic.workers import describe
 
@@ -80,7 +80,7 @@ class Scheduler:
             self._queue.push(pending, request.batch_size, request.batch_key, request.priority,
                              request.timeout_us, now_ns)
         except QueueFull as exc:
-            self._stats.request_done(False, time.monotonic_ns() - now_ns)
+            self._stats.request_done(False, time.monotonic_ns() - now_ns, reason=REJECTED)
             raise InferError(str(exc), Code.OVERLOADED) from None
         self._wake.set()
         try:
@@ -94,11 +94,12 @@ class Scheduler:
             self._wake.clear()
             now_ns = time.monotonic_ns()
             for entry in self._queue.expire(now_ns):
-                self._finish(entry.item, unavailable("Request timeout expired"), None)
+                self._finish(entry.item, unavailable("Request timeout expired"), None, REJECTED)
             for entry in self._queue.remove(lambda e: e.item.future.done()):
                 self._finish(entry.item, None, None)  # cancelled by its client
             if not self._pool.usable:
-                self._fail_queued(unavailable(f"model '{self._name}' has no usable instance: {self._pool.reason}"))
+                self._fail_queued(unavailable(f"model '{self._name}' has no usable instance: {self._pool.reason}"),
+                                  REJECTED)
             wait_until = None
             while self._pool.has_free:
                 decision = self._queue.form_batch(now_ns)
@@ -124,11 +125,11 @@ class Scheduler:
     def _crashed(self, exc: BaseException) -> None:
         """The driver died: what it held may be what killed it, so fail it rather than retry it."""
         self._fail_queued(InferError(f"model '{self._name}': the scheduler failed ({describe(exc)}) and was "
-                                     "restarted; the request was dropped", Code.INTERNAL))
+                                     "restarted; the request was dropped", Code.INTERNAL), OTHER)
 
-    def _fail_queued(self, error: InferError) -> None:
+    def _fail_queued(self, error: InferError, reason: str) -> None:
         for entry in self._queue.remove(lambda e: True):
-            self._finish(entry.item, error, None)
+            self._finish(entry.item, error, None, reason)
 
     def _launch(self, slot: Slot, items: list[_Pending], start_ns: int) -> None:
         task = asyncio.get_running_loop().create_task(self._execute(slot, items, start_ns))
@@ -150,9 +151,12 @@ class Scheduler:
                     self._finish(pending, InferError(f"model '{self._name}': the batch was lost", Code.INTERNAL),
                                  None)
 
-    def _finish(self, pending: _Pending, result: Result | None, queue_ns: int | None) -> None:
+    def _finish(self, pending: _Pending, result: Result | None, queue_ns: int | None, reason: str = BACKEND) -> None:
+        """Resolve one request; a failure counts under `reason` (no result: cancelled by its client)."""
         ok = isinstance(result, dict) and not pending.future.done()
-        self._stats.request_done(ok, time.monotonic_ns() - pending.arrival_ns, queue_ns)
+        if result is None or pending.future.cancelled():
+            reason = CANCELED
+        self._stats.request_done(ok, time.monotonic_ns() - pending.arrival_ns, queue_ns, reason)
         if pending.future.done() or result is None:
             return
         if isinstance(result, InferError):
@@ -166,7 +170,7 @@ class Scheduler:
         if self._driver is not None:
             self._driver.cancel()
             await asyncio.gather(self._driver, return_exceptions=True)
-        self._fail_queued(unavailable("model is being unloaded"))
+        self._fail_queued(unavailable("model is being unloaded"), REJECTED)
         if self._batches:
             await asyncio.wait(list(self._batches), timeout=_CLOSE_GRACE_S)
         await self._pool.close()

@@ -3,13 +3,30 @@
 Durations are nanoseconds. The scheduler records into `ModelStats` from the event
 loop; readers (HTTP/gRPC/Prometheus) take a `snapshot()`, guarded by a lock so a
 scrape from another thread sees consistent numbers.
+
+Beyond Triton's cumulative durations, each phase (request, queue, compute input,
+infer, output) keeps a histogram with fixed buckets, so percentiles can be read
+(`sluice_classic_*_duration_seconds`). Recording one costs a bisect and two
+integer additions under the lock the counters already take.
 """
 
 from __future__ import annotations
 
 import threading
 import time
+from bisect import bisect_left
 from dataclasses import dataclass, field
+
+# Triton's reasons for a failed request (`nv_inference_request_failure{reason}`): refused by the
+# scheduler (queue full, queue timeout, model unloading), cancelled by its client, failed in the
+# backend's execute, anything else (an invalid request, a scheduler fault).
+REJECTED, CANCELED, BACKEND, OTHER = "REJECTED", "CANCELED", "BACKEND", "OTHER"
+FAILURE_REASONS = (REJECTED, CANCELED, BACKEND, OTHER)
+PHASES = ("request", "queue", "compute_input", "compute_infer", "compute_output")
+# Upper bounds of the phase histograms' buckets, in seconds: 50 µs (a small ONNX batch) to 60 s.
+PHASE_BUCKETS_S = (0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
+                   1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+_BOUNDS_NS = tuple(round(b * 1e9) for b in PHASE_BUCKETS_S)
 
 
 @dataclass(slots=True)
@@ -20,6 +37,21 @@ class Duration:
     def add(self, ns: int, count: int = 1) -> None:
         self.count += count
         self.ns += ns
+
+
+@dataclass(slots=True)
+class PhaseHistogram:
+    """Observations per bucket of `PHASE_BUCKETS_S` (not cumulative; the last bucket is +Inf)."""
+
+    counts: list[int] = field(default_factory=lambda: [0] * (len(_BOUNDS_NS) + 1))
+    sum_ns: int = 0
+
+    def observe(self, ns: int, times: int = 1) -> None:
+        self.counts[bisect_left(_BOUNDS_NS, ns)] += times  # a value on a bound belongs to that bucket (le)
+        self.sum_ns += ns * times
+
+    def copy(self) -> PhaseHistogram:
+        return PhaseHistogram(list(self.counts), self.sum_ns)
 
 
 @dataclass(slots=True)
@@ -44,6 +76,8 @@ class StatsSnapshot:
     compute_infer: Duration = field(default_factory=Duration)
     compute_output: Duration = field(default_factory=Duration)
     batch_stats: dict[int, BatchStat] = field(default_factory=dict)
+    failures: dict[str, int] = field(default_factory=lambda: dict.fromkeys(FAILURE_REASONS, 0))
+    phases: dict[str, PhaseHistogram] = field(default_factory=lambda: {p: PhaseHistogram() for p in PHASES})
 
 
 class ModelStats:
@@ -57,13 +91,19 @@ class ModelStats:
         with self._lock:
             self._s.pending_count += 1
 
-    def request_done(self, ok: bool, total_ns: int, queue_ns: int | None = None) -> None:
-        """One request finished (successfully or not) after `total_ns` since it arrived."""
+    def request_done(self, ok: bool, total_ns: int, queue_ns: int | None = None, reason: str = OTHER) -> None:
+        """One request finished (successfully or not) after `total_ns` since it arrived; a failed
+        one is counted under `reason` (one of `FAILURE_REASONS`)."""
         with self._lock:
-            self._s.pending_count -= 1
-            (self._s.success if ok else self._s.fail).add(total_ns)
-            if ok and queue_ns is not None:
-                self._s.queue.add(queue_ns)
+            s = self._s
+            s.pending_count -= 1
+            (s.success if ok else s.fail).add(total_ns)
+            s.phases["request"].observe(total_ns)
+            if not ok:
+                s.failures[reason] += 1
+            elif queue_ns is not None:
+                s.queue.add(queue_ns)
+                s.phases["queue"].observe(queue_ns)
 
     def execution(self, rows: int, requests: int, input_ns: int, infer_ns: int, output_ns: int) -> None:
         """One backend execution of `requests` requests holding `rows` batch rows."""
@@ -76,6 +116,9 @@ class ModelStats:
             s.compute_input.add(input_ns * requests, requests)
             s.compute_infer.add(infer_ns * requests, requests)
             s.compute_output.add(output_ns * requests, requests)
+            s.phases["compute_input"].observe(input_ns, requests)
+            s.phases["compute_infer"].observe(infer_ns, requests)
+            s.phases["compute_output"].observe(output_ns, requests)
             batch = s.batch_stats.setdefault(rows, BatchStat())
             batch.compute_input.add(input_ns)
             batch.compute_infer.add(infer_ns)
@@ -94,4 +137,5 @@ class ModelStats:
                               Duration(v.compute_infer.count, v.compute_infer.ns),
                               Duration(v.compute_output.count, v.compute_output.ns))
                  for k, v in s.batch_stats.items()},
+                dict(s.failures), {p: h.copy() for p, h in s.phases.items()},
             )

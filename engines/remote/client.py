@@ -22,7 +22,7 @@ import orjson
 from engines.base import Delta, EngineError, EngineRequest, EngineStats
 from engines.errors import ErrorKind
 from engines.remote.errors import normalize_error
-from engines.remote.http1 import Exchange, Pool, ProtocolError
+from engines.remote.http1 import Exchange, Pool, ProtocolError, header_lines
 from engines.remote.payload import DIALECTS, Dialect, build_body
 from engines.remote.sse import SseLines
 from engines.remote.stream import StreamAssembler, coalesce
@@ -89,8 +89,7 @@ class RemoteEngine:
         split = urlsplit(config.url)
         self._prefix = split.path.rstrip("/")
         host = split.hostname or "127.0.0.1"
-        self._host_header = (f"Host: {split.netloc}\r\n" + "".join(
-            f"{k}: {v}\r\n" for k, v in config.header_map().items())).encode("latin-1")
+        self._host_header = header_lines({"Host": split.netloc, **config.header_map()})
         self._addr = (host, split.port or (443 if split.scheme == "https" else 80), split.scheme == "https")
 
     async def start(self) -> None:
@@ -155,7 +154,8 @@ class RemoteEngine:
         self._max_seen = max(self._max_seen, len(self._live))
         exchange: Exchange | None = None
         try:
-            exchange = await self._open(path, orjson.dumps(body), rid)
+            headers = {"X-Request-Id": rid, **(request.trace_headers or {})}
+            exchange = await self._open(path, orjson.dumps(body), headers)
             self._live[rid] = exchange
             if rid in self._aborted:
                 exchange.abort()
@@ -167,13 +167,19 @@ class RemoteEngine:
             self._live.pop(rid, None)
             self._aborted.discard(rid)
 
-    async def _open(self, path: str, payload: bytes, request_id: str) -> Exchange:
-        """Send the request and wait for the response head; a refusal raises its EngineError."""
+    async def _open(self, path: str, payload: bytes, headers: dict[str, str]) -> Exchange:
+        """Send the request (with the request id and trace context in `headers`) and wait for the
+        response head; a refusal raises its EngineError."""
         if self._pool is None:
             raise EngineError(f"engine {self.name} is not started", ErrorKind.UNAVAILABLE, retryable=True)
+        request_id = headers["X-Request-Id"]
+        try:
+            extra = header_lines(headers)
+        except (ValueError, UnicodeEncodeError) as exc:
+            raise EngineError(f"request {request_id!r}: {exc}", ErrorKind.INVALID_ARG) from None
         head = (f"POST {self._prefix}{path} HTTP/1.1\r\nContent-Type: application/json\r\n"
-                f"Accept: text/event-stream\r\nContent-Length: {len(payload)}\r\nX-Request-Id: {request_id}\r\n"
-                ).encode("latin-1") + self._host_header + b"\r\n"
+                f"Accept: text/event-stream\r\nContent-Length: {len(payload)}\r\n"
+                ).encode("latin-1") + extra + self._host_header + b"\r\n"
         try:
             exchange = await self._pool.exchange(head, payload, self.config.read_timeout_s)
             if exchange.status != 200:

@@ -28,7 +28,19 @@ from collections import deque
 
 from engines.remote.wire import DONE, ProtocolError, ResponseProtocol
 
-__all__ = ["Exchange", "Pool", "ProtocolError"]
+__all__ = ["Exchange", "Pool", "ProtocolError", "header_lines"]
+
+
+def header_lines(headers: dict[str, str]) -> bytes:
+    """``Name: value\r\n`` lines; ValueError for a name or value that could split the head (CR, LF, NUL)
+    or is not latin-1, so no header can smuggle a second request onto a pooled connection."""
+    out = []
+    for name, value in headers.items():
+        line = f"{name}: {value}"
+        if "\r" in line or "\n" in line or "\0" in line or ":" in name or not name:
+            raise ValueError(f"header {name!r} cannot be sent")
+        out.append(line)
+    return ("\r\n".join(out) + "\r\n").encode("latin-1") if out else b""
 
 
 class Exchange:

@@ -26,6 +26,7 @@ from gateway.llm.fanout import merge
 from gateway.llm.registry import LLMModel
 from gateway.llm.targets import Target
 from gateway.metrics import LLMMetrics
+from gateway.tracing import NO_TRACE, RequestTrace
 
 
 @dataclass(slots=True)
@@ -49,6 +50,7 @@ class Dispatch:
     created: int = field(default_factory=lambda: int(time.time()))
     # Called once by close() with the completion tokens of all choices (per-key token quotas).
     on_close: Callable[[int], None] | None = None
+    trace: RequestTrace = NO_TRACE  # OpenTelemetry spans of this request (gateway.tracing), if tracing
     _closed: bool = False
     _interrupted: SluiceError | None = None
     _wake: asyncio.Event = field(default_factory=asyncio.Event)  # set by interrupt()
@@ -94,7 +96,8 @@ class Dispatch:
         the error is retryable; after that, errors arrive as a final Delta(finish_reason="error")."""
         try:
             t0 = time.monotonic()
-            await self._admitted()
+            with self.trace.admission():
+                await self._admitted()
             gauge_admission(self.metrics, self.model)
             self.metrics.queue_time.labels(self.model.name).observe(time.monotonic() - t0)
             async with aclosing(merge([self._run(c) for c in self.choices])) as merged:
@@ -137,6 +140,7 @@ class Dispatch:
             gauge_admission(self.metrics, self.model)
             if self.on_close is not None:
                 self.on_close(sum(c.completion_tokens for c in self.choices))
+            self.trace.end()
 
     # -- one choice ------------------------------------------------------------
     async def _run(self, choice: _Choice) -> AsyncGenerator[Delta, None]:
@@ -166,8 +170,10 @@ class Dispatch:
         # that went away, nor a request the engine rightly refused.
         fault = False
         try:
-            async with aclosing(target.engine.generate(choice.request)) as stream:
+            async with self.trace.engine_call(target, choice.request) as call, \
+                    aclosing(target.engine.generate(call.request)) as stream:
                 async for delta in stream:
+                    call.observe(delta)
                     _count_tokens(choice, delta)
                     if clock.tick(delta) and target.on_first_token is not None:
                         target.on_first_token()
@@ -205,9 +211,10 @@ def _count_tokens(choice: _Choice, delta: Delta) -> None:
 
 
 def start_dispatch(metrics: LLMMetrics, model: LLMModel, requests: list[EngineRequest],
-                   ranked: list[list[Target]], ticket: Ticket, request_id: str) -> Dispatch:
+                   ranked: list[list[Target]], ticket: Ticket, request_id: str,
+                   trace: RequestTrace = NO_TRACE) -> Dispatch:
     d = Dispatch(metrics, model, [_Choice(r, t) for r, t in zip(requests, ranked, strict=True)], ticket,
-                 request_id)
+                 request_id, trace=trace)
     d.open_first_attempts()
     gauge_admission(metrics, model)
     return d

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from engines.errors import ErrorKind, SluiceError
@@ -35,15 +36,20 @@ class ModelRegistry:
         self.admission = admission
         self.models: dict[str, LLMModel] = {}
         self.pending: set[str] = set()
+        # Told of every model added and removed (the LLM layer starts and ends its per-model series).
+        self.on_change: Callable[[str, bool], None] | None = None
 
     def add(self, name: str, tokenizer: ChatTokenizer, context_length: int, backend: Backend) -> LLMModel:
         model = LLMModel(name, tokenizer, context_length, backend, Admission(self.admission))
         self.models[name] = model
         self.pending.discard(name)
+        if self.on_change is not None:
+            self.on_change(name, True)
         return model
 
     def remove(self, name: str) -> None:
-        self.models.pop(name, None)
+        if self.models.pop(name, None) is not None and self.on_change is not None:
+            self.on_change(name, False)
 
     def has(self, name: str) -> bool:
         return name in self.models

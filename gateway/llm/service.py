@@ -20,8 +20,9 @@ from gateway.llm.dispatch import Dispatch, start_dispatch
 from gateway.llm.metering import TokenQuota
 from gateway.llm.params import GenerationParams, check, sampling_for
 from gateway.llm.registry import LLMModel, ModelRegistry
-from gateway.llm.targets import RouteHints
+from gateway.llm.targets import LocalBackend, RouteHints
 from gateway.metrics import LLMMetrics
+from gateway.tracing import Tracing
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,9 +52,11 @@ class GenerateCall:
 
 class LLMService:
     def __init__(self, metrics: LLMMetrics, admission: AdmissionConfig | None = None, max_fanout: int = 128,
-                 tokens: TokenQuota | None = None) -> None:
+                 tokens: TokenQuota | None = None, tracing: Tracing | None = None) -> None:
         self.metrics = metrics
+        self.tracing = tracing or Tracing(None)
         self.registry = ModelRegistry(admission or AdmissionConfig())
+        self.registry.on_change = partial(metrics.model_changed, self.registry.admission)
         self.max_fanout = max_fanout  # engine requests one API request may create
         self.tokens = tokens
         self._live: weakref.WeakSet[Dispatch] = weakref.WeakSet()  # for interrupt_all; closed ones are skipped
@@ -75,11 +78,15 @@ class LLMService:
         prompt_tokens = sum(len(p.token_ids) for p in call.prompts)
         if key_id is not None and meter is not None:
             await meter.reserve_tokens(key_id, prompt_tokens)
+        trace = self.tracing.begin(call.model.name, call.request_id, prompt_tokens, len(requests))
         try:
-            ranked = [call.model.backend.rank(r, call.hints) for r in requests]
+            with trace.routing():
+                ranked = [call.model.backend.rank(r, call.hints) for r in requests]
+                trace.routed(ranked[0][0], len(requests))
             ticket = call.model.admission.try_admit(len(requests))
-            d = start_dispatch(self.metrics, call.model, requests, ranked, ticket, call.request_id)
-        except BaseException:
+            d = start_dispatch(self.metrics, call.model, requests, ranked, ticket, call.request_id, trace)
+        except BaseException as e:
+            trace.end(e)
             if key_id is not None and meter is not None:
                 meter.refund_tokens(key_id, prompt_tokens)  # refused before it ran (queue full, no worker)
             raise
@@ -104,8 +111,10 @@ class LLMService:
     def ready(self) -> bool:
         return self.registry.ready()
 
-    def engine_stats(self) -> list[tuple[str, EngineStats]]:
-        return [(m.name, e.stats()) for m in self.registry.models.values() for _, e in m.backend.engines()]
+    def engine_stats(self) -> list[tuple[str, str, EngineStats]]:
+        """(model, worker, stats) of every in-process engine; remote workers report through the router."""
+        return [(m.name, worker, e.stats()) for m in self.registry.models.values()
+                if isinstance(m.backend, LocalBackend) for worker, e in m.backend.engines()]
 
     def _engine_requests(self, call: GenerateCall) -> list[EngineRequest]:
         out = []

@@ -19,6 +19,8 @@ class SecurityMetrics:
         self.auth_failures = Counter("sluice_auth_failures",
                                      "Requests refused for a missing or wrong key, by what the route needs "
                                      "(api, admin, metrics).", ["access"], registry=registry)
+        for access in ("api", "admin", "metrics"):  # at 0 from the start, so rate() sees them
+            self.auth_failures.labels(access)
         self.redis_up = Gauge("sluice_quota_redis_up", "1 while quotas are shared through Redis, 0 while this "
                               "replica enforces them locally (no Redis configured, or Redis unreachable).",
                               registry=registry)

@@ -76,10 +76,12 @@ async def test_at_the_deadline_streams_end_with_an_error_and_new_requests_get_50
 
             health = await keep_alive.get("/health")
             assert health.status_code == 503 and health.json()["detail"] == "draining"
+            # Still the keep-alive connection opened before the drain, and the only one in the pool,
+            # so the refused request below travels on it too. (Its own answer closes the connection,
+            # which makes reading the refused response's socket racy.)
+            assert _client_port(health) == _client_port(before)
             body = {"model": MODEL, "prompt": "x", "max_tokens": 1}
             async with keep_alive.stream("POST", "/v1/completions", json=body) as refused:
-                # Read before the body: the answer closes the connection.
-                assert _client_port(refused) == _client_port(before)  # the same keep-alive connection
                 await refused.aread()
             assert refused.status_code == 503 and refused.headers["retry-after"] == "1"
             assert refused.json()["error"]["code"] == "shutting_down" and refused.headers["connection"] == "close"

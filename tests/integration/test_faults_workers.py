@@ -26,6 +26,7 @@ import psutil
 import pytest
 
 from tests.integration.conftest import MODEL, Worker, gateway_over, vllm_workers
+from tests.integration.vllm_support import engine_group
 from tests.servers import Server, metric_value
 
 pytestmark = [pytest.mark.integration, pytest.mark.vllm, pytest.mark.slow]
@@ -52,7 +53,7 @@ def _engine_server(worker: Worker) -> psutil.Process:
 
 
 def _engine_group(worker: Worker) -> int:
-    return os.getpgid(_engine_server(worker).pid)
+    return engine_group(worker.proc.pid)
 
 
 def _when_dead(proc: psutil.Process, out: dict[str, float]) -> None:
@@ -118,6 +119,20 @@ async def _two_streams(http: httpx.AsyncClient, tag: str, long_tokens: int, shor
     return streams, tasks
 
 
+async def _mid_stream(http: httpx.AsyncClient, tag: str, short_tokens: int
+                      ) -> tuple[list[Stream], list[asyncio.Task[None]]]:
+    """Two streams under way, the first long one not yet half done. The fault must land mid-stream:
+    on a loaded machine the second can start so late that the first has (nearly) finished; then
+    the scenario is set up again (at most three times)."""
+    long_tokens = 1900
+    for attempt in range(3):
+        streams, tasks = await _two_streams(http, f"{tag} {attempt}", long_tokens, short_tokens)
+        if not tasks[0].done() and len(streams[0].payloads) < long_tokens // 2:
+            return streams, tasks
+        await asyncio.wait_for(asyncio.gather(*tasks), 120)
+    raise AssertionError("the long stream kept finishing before the fault")
+
+
 def _metric(gateway: Server, name: str, labels: dict[str, str]) -> float:
     return metric_value(httpx.get(gateway.url + "/metrics", timeout=10).text, name, labels) or 0.0
 
@@ -135,7 +150,7 @@ async def test_a_stopped_worker_mid_stream_is_given_up_after_the_stall_bound(pai
     gateway, workers = pair
     by_name = {w.name: w for w in workers}
     async with httpx.AsyncClient(base_url=gateway.url, timeout=120) as http:
-        streams, tasks = await _two_streams(http, "stall", 1500, 200)
+        streams, tasks = await _mid_stream(http, "stall", 200)
         victim = by_name[streams[0].worker]
         group = _engine_group(victim)
         os.killpg(group, signal.SIGSTOP)
@@ -160,14 +175,7 @@ async def test_a_killed_worker_mid_stream_ends_its_stream_at_once_and_traffic_mo
         await _until_healthy(gateway, w.name, True)
     retries_before = _metric(gateway, "sluice_request_retries_total", {"model": MODEL})
     async with httpx.AsyncClient(base_url=gateway.url, timeout=120) as http:
-        for attempt in range(3):
-            # The kill must land mid-stream: on a loaded machine the second stream can start so late
-            # that the first has already finished; then the scenario is set up again.
-            streams, tasks = await _two_streams(http, f"kill {attempt}", 1900, 300)
-            if not tasks[0].done():
-                break
-            await asyncio.wait_for(tasks[1], 120)
-        assert not tasks[0].done(), "the long stream kept finishing before the kill"
+        streams, tasks = await _mid_stream(http, "kill", 300)
         victim = by_name[streams[0].worker]
         survivor = streams[1].worker
         server, dead = _engine_server(victim), {}

@@ -25,6 +25,7 @@ from gateway.app import build_state
 from gateway.discovery import K8sDiscovery, parse_discovery
 from gateway.settings import Settings
 from tests.integration.conftest import MODEL, Worker
+from tests.integration.vllm_support import engine_group
 from tests.servers import Server, llm_only_repository, start_server
 from tests.standins.k8s_api_standin import K8sApiStandin, endpoint_slice
 
@@ -103,7 +104,7 @@ def test_a_worker_that_leaves_is_drained_then_removed_and_may_come_back(
         next(line for line in lines if line.startswith("data: "))
         # Hold worker b still while the pod is marked terminating: on a loaded machine its request
         # could otherwise finish first, and the worker would be removed before it was seen draining.
-        group = os.getpgid(worker_b.proc.pid)
+        group = engine_group(worker_b.proc.pid)
         os.killpg(group, signal.SIGSTOP)
         try:
             api.put(_slice(worker_b, pod_b, ready=False, terminating=True))  # the pod is terminating

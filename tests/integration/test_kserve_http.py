@@ -286,7 +286,9 @@ def test_stats_and_metrics(server, client):
                    "nv_inference_request_duration_us", "nv_inference_queue_duration_us",
                    "nv_inference_compute_input_duration_us", "nv_inference_compute_infer_duration_us",
                    "nv_inference_compute_output_duration_us"):
-        assert f'{family}{{model="digits_onnx",version="1"}}' in text, family
+        assert f'{family}{{model="digits_onnx",version="1"}}' in text or family == "nv_inference_request_failure"
+    for reason in ("REJECTED", "CANCELED", "BACKEND", "OTHER"):  # Triton's reasons, as Triton labels failures
+        assert f'nv_inference_request_failure{{model="digits_onnx",reason="{reason}",version="1"}}' in text
 
 
 def test_repository_index_load_unload(server, client):

@@ -134,3 +134,13 @@ def metric_value(metrics_text: str, name: str) -> float:
 def generation_tokens(metrics_text: str) -> float:
     """Tokens vLLM has generated since it started (all requests)."""
     return metric_value(metrics_text, "vllm:generation_tokens_total")
+
+
+def engine_group(launcher_pid: int) -> int:
+    """The process group of the vLLM server a launcher started (it leads its own group), so a test
+    can stop or kill the engine itself; the launcher's own group does not contain it."""
+    import psutil
+
+    children = psutil.Process(launcher_pid).children()
+    assert children, "the launcher has no vLLM child"
+    return os.getpgid(children[0].pid)

@@ -80,7 +80,7 @@ def test_closed_loop_metrics():
     assert sample(reg, "sluice_router_predicted_cached_tokens_total") == 12
     assert sample(reg, "sluice_router_reported_cached_tokens_total") == 0
     assert sample(reg, "sluice_router_predictions_total", {"outcome": "over"}) == 1
-    assert sample(reg, "sluice_router_prediction_accuracy") == 0.5
+    assert sample(reg, "sluice_router_prediction_accuracy_ratio") == 0.5
     r.on_finish("unknown", cached_tokens=3)  # ignored
 
 

@@ -1,0 +1,197 @@
+"""The four dashboards (built by build.py): LLM overview, routing and cache, classic models,
+workers and health. Each panel's queries are plain PromQL over the series in
+docs/observability.md; `$model` / `$worker` are the dashboards' multi-valued variables."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from build import RATE, dashboard, quantiles, series, single, variable, with_panels
+from grafana_foundation_sdk.builders.dashboard import Dashboard
+
+M = 'model=~"$model"'
+W = 'worker=~"$worker"'
+
+
+def _rate(metric: str, selector: str = "", by: str = "") -> str:
+    group = f" by ({by})" if by else ""
+    return f"sum{group} (rate({metric}{{{selector}}}[{RATE}]))"
+
+
+def llm_overview() -> Dashboard:
+    board = dashboard("sluice-llm-overview", "Sluice / LLM overview",
+                      "LLM traffic through the gateway: requests, latency, tokens, errors.",
+                      variable("model", "Model", "label_values(sluice_time_to_first_token_seconds_count, model)"))
+    five_xx = _rate("sluice_requests_total", M + ',status=~"5.."')
+    errors_5xx = f'({five_xx} or vector(0)) / {_rate("sluice_requests_total", M)}'
+    return with_panels(board, [
+        ("Traffic", [
+            single("Requests/s", "reqps", _rate("sluice_requests_total", M)),
+            single("5xx ratio", "percentunit", errors_5xx),
+            single("In flight", "short", f"sum(sluice_requests_inflight{{{M}}})"),
+            single("Waiting for admission", "short", f"sum(sluice_requests_queued{{{M}}})"),
+            series("Requests by status", "reqps", (_rate("sluice_requests_total", M, "status"), "{{status}}")),
+            series("Errors by route and status", "reqps",
+                   (_rate("sluice_requests_total", M + ',status=~"[45].."', "route, status"),
+                    "{{status}} {{route}}")),
+        ]),
+        ("Latency", [
+            series("Time to first token", "s", *quantiles("sluice_time_to_first_token_seconds", "", M),
+                   description="From dispatch (after admission) to the first token, as the gateway saw it."),
+            series("Inter-token latency", "s", *quantiles("sluice_inter_token_latency_seconds", "", M)),
+            series("End-to-end latency", "s", *quantiles("sluice_e2e_request_latency_seconds", "", M, (0.5, 0.99))),
+            series("Time waiting for admission (p99)", "s",
+                   *quantiles("sluice_queue_time_seconds", "model", M, (0.99,))),
+        ]),
+        ("Tokens and outcomes", [
+            series("Tokens/s", "short", (_rate("sluice_generation_tokens_total", M, "model"), "generated {{model}}"),
+                   (_rate("sluice_prompt_tokens_total", M, "model"), "prompt {{model}}"),
+                   (_rate("sluice_cached_prompt_tokens_total", M, "model"), "prompt, cached {{model}}")),
+            series("Finished generations by reason", "short",
+                   (_rate("sluice_request_finished_total", M, "finish_reason"), "{{finish_reason}}")),
+            series("Failovers before the first byte", "short",
+                   (_rate("sluice_request_retries_total", M, "model"), "{{model}}")),
+            series("Admission: in flight and waiting, against the limits", "short",
+                   (f"sum by (model) (sluice_requests_inflight{{{M}}})", "in flight {{model}}"),
+                   (f"sum by (model) (sluice_requests_queued{{{M}}})", "waiting {{model}}"),
+                   (f"max by (model) (sluice_requests_queued_limit{{{M}}})", "waiting limit {{model}}")),
+        ]),
+    ])
+
+
+def routing_cache() -> Dashboard:
+    board = dashboard("sluice-routing-cache", "Sluice / Routing and cache",
+                      "The router: cache-hit predictions against the engines' reports, decisions, load, KV events.",
+                      variable("worker", "Worker", "label_values(sluice_router_worker_healthy, worker)"))
+    predicted, reported = (_rate("sluice_router_predicted_cached_tokens_total"),
+                           _rate("sluice_router_reported_cached_tokens_total"))
+    return with_panels(board, [
+        ("Prefix cache: predicted against reported", [
+            series("Cached prompt tokens/s", "short", (predicted, "predicted by the router"),
+                   (reported, "reported by the engines"),
+                   description="Over the same requests: those whose engine reported cached tokens."),
+            series("Prefix-cache hit rate (share of prompt tokens)", "percentunit",
+                   (f'{_rate("sluice_cached_prompt_tokens_total", "", "model")} / '
+                    f'{_rate("sluice_prompt_tokens_total", "", "model")}', "reported {{model}}"),
+                   (f"{predicted} / {reported}", "predicted ÷ reported (1 = exact)")),
+            series("Prediction outcomes", "short",
+                   (_rate("sluice_router_predictions_total", "", "outcome"), "{{outcome}}")),
+            series("Prediction accuracy and error", "short",
+                   ("max(sluice_router_prediction_accuracy_ratio)", "within one block (ratio)"),
+                   *quantiles("sluice_router_cached_tokens_abs_error_tokens", "", "", (0.5, 0.9))),
+        ]),
+        ("Decisions and load", [
+            series("Decisions by policy and reason", "short",
+                   (_rate("sluice_router_decisions_total", "", "policy, reason"), "{{policy}} {{reason}}")),
+            series("Decision time", "s", *quantiles("sluice_router_decision_seconds", "", "", (0.5, 0.99))),
+            series("Load imbalance", "short", ("max(sluice_router_load_imbalance_ratio)", "imbalance")),
+            series("Predicted against actual TTFT (p90)", "s",
+                   *[(q, f"predicted {legend}") for q, legend in
+                     quantiles("sluice_router_predicted_ttft_seconds", "worker", W, (0.9,))],
+                   *[(q, f"actual {legend}") for q, legend in
+                     quantiles("sluice_router_actual_ttft_seconds", "worker", W, (0.9,))]),
+            series("TTFT prediction error", "s",
+                   *quantiles("sluice_router_ttft_prediction_error_seconds", "", W, (0.5, 0.9))),
+        ]),
+        ("KV events and the index", [
+            series("KV events/s", "short", (_rate("sluice_router_kv_events_total", W, "worker"), "{{worker}}")),
+            series("KV event lag", "s", (f"max by (worker) (sluice_router_kv_event_lag_seconds{{{W}}})",
+                                         "{{worker}}"),
+                   description="Receive time minus the engine's publish time of the last batch."),
+            series("Gaps, replays and index resets", "short",
+                   (f"sum by (worker) (increase(sluice_router_kv_event_gaps_total{{{W}}}[{RATE}]))", "gaps {{worker}}"),
+                   (f"sum by (worker) (increase(sluice_router_kv_event_replays_total{{{W}}}[{RATE}]))",
+                    "replays {{worker}}"),
+                   (f"sum by (worker, reason) (increase(sluice_router_kv_index_resets_total{{{W}}}[{RATE}]))",
+                    "reset ({{reason}}) {{worker}}")),
+            series("Index size", "short", (f"max by (worker) (sluice_router_index_blocks{{{W}}})", "{{worker}}")),
+            single("Index memory (estimate)", "bytes", "sum(sluice_router_index_memory_bytes)"),
+            single("Shared state in Redis reachable", "bool", "min(sluice_router_redis_connected)"),
+        ]),
+    ])
+
+
+def classic_models() -> Dashboard:
+    board = dashboard("sluice-classic-models", "Sluice / Classic models",
+                      "Triton-compatible models: Triton's own nv_inference_* panels, plus latency percentiles.",
+                      variable("model", "Model", "label_values(nv_inference_request_success, model)"))
+    phases = ("request", "queue", "compute_input", "compute_infer", "compute_output")
+    success = _rate("nv_inference_request_success", M, "model")
+    return with_panels(board, [
+        ("Requests (Triton's metrics)", [
+            series("Inference requests/s", "reqps", (success, "success {{model}}"),
+                   (_rate("nv_inference_request_failure", M, "model, reason"), "failure {{reason}} {{model}}")),
+            series("Batch size (inferences per execution)", "short",
+                   (f'{_rate("nv_inference_count", M, "model")} / {_rate("nv_inference_exec_count", M, "model")}',
+                    "{{model}}")),
+            series("Pending requests", "short", (f"sum by (model) (nv_inference_pending_request_count{{{M}}})",
+                                                 "{{model}}")),
+            series("Average time per request, by phase", "µs",
+                   *[(f'{_rate(f"nv_inference_{p}_duration_us", M, "model")} / {success}', f"{p} {{{{model}}}}")
+                     for p in phases],
+                   description="Triton's cumulative microseconds over its successful requests."),
+        ]),
+        ("Latency percentiles (Sluice's histograms)", [
+            series(f"{p.replace('_', ' ').capitalize()} time", "s",
+                   *quantiles(f"sluice_classic_{p}_duration_seconds", "model", M, (0.5, 0.99)), width=8)
+            for p in phases
+        ]),
+    ])
+
+
+def workers_health() -> Dashboard:
+    board = dashboard("sluice-workers-health", "Sluice / Workers and health",
+                      "Gateways, LLM workers as the router sees them, in-process engines, keys and quotas.",
+                      variable("worker", "Worker", "label_values(sluice_router_worker_healthy, worker)"))
+    return with_panels(board, [
+        ("Gateways", [
+            single("Gateways up", "short", 'sum(up{job="sluice-gateway"})'),
+            single("Workers healthy", "short", f"sum(max by (worker) (sluice_router_worker_healthy{{{W}}}))"),
+            series("Background task restarts", "short",
+                   (f"sum by (task, worker) (increase(sluice_background_task_restarts_total[{RATE}]))",
+                    "{{task}} {{worker}}")),
+            series("In-process engine restarts", "short",
+                   (f"sum by (model, worker) (increase(sluice_engine_restarts_total[{RATE}]))", "{{model}}")),
+        ]),
+        ("LLM workers (the router's view)", [
+            series("Healthy (1) and circuit breaker (0 closed, 1 half-open, 2 open)", "short",
+                   (f"min by (worker) (sluice_router_worker_healthy{{{W}}})", "healthy {{worker}}"),
+                   (f"max by (worker) (sluice_router_worker_breaker_state{{{W}}})", "breaker {{worker}}")),
+            series("In flight from the gateways; queued prefill", "short",
+                   (f"sum by (worker) (sluice_router_worker_in_flight{{{W}}})", "in flight {{worker}}"),
+                   (f"max by (worker) (sluice_router_worker_queued_prefill_tokens{{{W}}})",
+                    "queued prefill tokens {{worker}}")),
+            series("Running and waiting, as the worker reports", "short",
+                   (f"max by (worker) (sluice_router_worker_requests_running{{{W}}})", "running {{worker}}"),
+                   (f"max by (worker) (sluice_router_worker_requests_waiting{{{W}}})", "waiting {{worker}}")),
+            series("KV-cache usage", "percentunit",
+                   (f"max by (worker) (sluice_router_worker_kv_cache_usage_ratio{{{W}}})", "{{worker}}")),
+        ]),
+        ("In-process engines", [
+            series("Running and waiting", "short",
+                   ("sum by (model, worker) (sluice_engine_requests_running)", "running {{model}}"),
+                   ("sum by (model, worker) (sluice_engine_requests_waiting)", "waiting {{model}}")),
+            series("Forward passes/s, and the share that batched", "short",
+                   (_rate("sluice_engine_steps_total", "", "model"), "steps {{model}}"),
+                   (f'{_rate("sluice_engine_batched_steps_total", "", "model")} / '
+                    f'{_rate("sluice_engine_steps_total", "", "model")}', "batched share {{model}}")),
+        ]),
+        ("Keys and quotas", [
+            series("Requests by key", "reqps", (_rate("sluice_key_requests_total", "", "key_id"), "{{key_id}}")),
+            series("Tokens by key", "short",
+                   (_rate("sluice_key_tokens_total", "", "key_id, kind"), "{{kind}} {{key_id}}")),
+            series("Quota refusals and auth failures", "reqps",
+                   (_rate("sluice_key_rejections_total", "", "key_id, reason"), "{{reason}} {{key_id}}"),
+                   (_rate("sluice_auth_failures_total", "", "access"), "auth failure ({{access}})")),
+            series("Redis reachable (quotas, routing)", "short",
+                   ("min(sluice_quota_redis_up)", "quotas"), ("min(sluice_router_redis_connected)", "routing")),
+        ]),
+    ])
+
+
+DASHBOARDS: dict[str, Callable[[], Dashboard]] = {
+    "llm-overview": llm_overview,
+    "routing-cache": routing_cache,
+    "classic-models": classic_models,
+    "workers-health": workers_health,
+}
