@@ -13,16 +13,28 @@ MAX_LINE_BYTES = 8 * 1024 * 1024  # a first chunk carries prompt_token_ids: ~7 b
 
 class SseLines:
     def __init__(self, max_line_bytes: int = MAX_LINE_BYTES) -> None:
-        self._rest = b""
+        self._rest: list[bytes] = []  # pieces of an unfinished line, joined once it ends
+        self._rest_len = 0
         self._max = max_line_bytes
 
     def feed(self, data: bytes) -> list[bytes]:
-        """Payloads of the `data:` lines completed by `data`. ValueError for an over-long line."""
+        """Payloads of the `data:` lines completed by `data`. ValueError for a line over the bound."""
+        if b"\n" not in data:  # a long line arriving in pieces: kept, not re-copied at every read
+            self._rest.append(data)
+            self._rest_len += len(data)
+            if self._rest_len > self._max:
+                raise ValueError(f"the worker sent an event line over {self._max} bytes")
+            return []
         if self._rest:
-            data = self._rest + data
+            self._rest.append(data)
+            data = b"".join(self._rest)
+            self._rest.clear()
         lines = data.split(b"\n")
-        self._rest = lines.pop()
-        if len(self._rest) > self._max:
+        last = lines.pop()
+        self._rest_len = len(last)
+        if last:
+            self._rest.append(last)
+        if self._rest_len > self._max or (len(data) > self._max and any(len(ln) > self._max for ln in lines)):
             raise ValueError(f"the worker sent an event line over {self._max} bytes")
         out = []
         for line in lines:

@@ -38,6 +38,7 @@ class ResponseProtocol(asyncio.Protocol):
         self.keep_alive = True
         self.got_bytes = False  # any byte of this response arrived
         self._buf = bytearray()
+        self._head_bytes = 0  # of the status line and headers so far (bounded by MAX_HEAD_BYTES)
         self._left = 0  # bytes left in the current chunk, or of a Content-Length body
         self._body: list[bytes] = []
         self._unread = 0
@@ -97,6 +98,10 @@ class ResponseProtocol(asyncio.Protocol):
                     return
                 line = bytes(buf[:i])
                 del buf[: i + 2]
+                if st in (STATUS, HEADERS):
+                    self._head_bytes += i + 2
+                    if self._head_bytes > MAX_HEAD_BYTES:
+                        raise ProtocolError(f"response head over {MAX_HEAD_BYTES} bytes")
                 self._line(st, line)
             elif st in (DATA, LENGTH):
                 n = min(self._left, len(buf))
@@ -132,10 +137,9 @@ class ResponseProtocol(asyncio.Protocol):
             self._head_complete()
         elif st == SIZE:
             size = line.split(b";", 1)[0].strip()
-            try:
-                self._left = int(size, 16)
-            except ValueError:
-                raise ProtocolError(f"bad chunk size {size[:20]!r}") from None
+            if not size or len(size) > 15 or size.strip(b"0123456789abcdefABCDEF"):
+                raise ProtocolError(f"bad chunk size {size[:20]!r}")
+            self._left = int(size, 16)
             self.state = DATA if self._left else TRAILER
         elif st == DATA_END:
             if line:
@@ -151,10 +155,10 @@ class ResponseProtocol(asyncio.Protocol):
         if "chunked" in h.get("transfer-encoding", "").lower():
             self.state = SIZE
         elif "content-length" in h:
-            try:
-                self._left = int(h["content-length"])
-            except ValueError:
-                raise ProtocolError("bad Content-Length") from None
+            value = h["content-length"]
+            if not value.isdigit():
+                raise ProtocolError(f"bad Content-Length {value[:20]!r}")
+            self._left = int(value)
             self.state = LENGTH if self._left > 0 else DONE
         elif self.status in (204, 304) or 100 <= self.status < 200:
             self.state = DONE

@@ -7,8 +7,9 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
 
-from engines.remote.http1 import Pool, ProtocolError
+from engines.remote.http1 import Pool, ProtocolError, header_lines
 from engines.remote.sse import SseLines
+from engines.remote.wire import HIGH_WATER, MAX_HEAD_BYTES
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 HEAD = b"POST /x HTTP/1.1\r\nHost: t\r\nContent-Length: 2\r\n\r\n"
@@ -147,3 +148,96 @@ def test_sse_lines_keep_a_cut_line_and_skip_comments() -> None:
     assert lines.feed(b":1}\n\ndata: [DONE]\n\n") == [b'{"a":1}', b"[DONE]"]
     with pytest.raises(ValueError):
         lines.feed(b"data: " + b"x" * 100)
+
+
+def test_sse_lines_bound_a_line_that_arrives_in_pieces_or_whole() -> None:
+    lines = SseLines(max_line_bytes=64)
+    assert lines.feed(b"data: " + b"x" * 30) == []
+    assert lines.feed(b"x" * 20) == []
+    assert lines.feed(b"x\ndata: y\n") == [b"x" * 51, b"y"]
+    with pytest.raises(ValueError):
+        for _ in range(10):
+            lines.feed(b"z" * 10)  # no newline yet: the unfinished line passes the bound
+    with pytest.raises(ValueError):
+        SseLines(max_line_bytes=64).feed(b"data: " + b"x" * 100 + b"\ndata: y\n")
+
+
+async def test_a_response_head_over_the_bound_is_refused() -> None:
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await _read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\n")
+        for i in range(MAX_HEAD_BYTES // 16 + 10):  # many short header lines, each under the line bound
+            writer.write(b"X-H%08d: v\r\n" % i)
+        await writer.drain()
+        await asyncio.sleep(5)
+
+    async for pool, _ in _server(handler):
+        with pytest.raises(ProtocolError):
+            await _body(pool)
+
+
+async def test_bad_framing_numbers_are_refused() -> None:
+    replies = iter([b"HTTP/1.1 200 OK\r\nContent-Length: -5\r\n\r\n",
+                    b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n-1\r\n",
+                    b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n" + b"f" * 40 + b"\r\n"])
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await _read_request(reader)
+        writer.write(next(replies))
+        await writer.drain()
+        await asyncio.sleep(5)
+
+    async for pool, _ in _server(handler):
+        for _ in range(3):
+            with pytest.raises(ProtocolError):
+                await _body(pool)
+
+
+async def test_an_unread_body_stops_the_socket_being_read() -> None:
+    sent = asyncio.Event()
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await _read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+        piece = b"%x\r\n%s\r\n" % (65536, b"x" * 65536)
+        for _ in range(256):  # 16 MiB the client never reads
+            writer.write(piece)
+            if writer.transport.get_write_buffer_size() > 4 * HIGH_WATER:
+                sent.set()  # the client stopped reading: our buffer fills instead of its memory
+                await asyncio.sleep(30)
+        await writer.drain()
+
+    async for pool, _ in _server(handler):
+        ex = await pool.exchange(HEAD, b"{}", 5.0)
+        await asyncio.wait_for(sent.wait(), 10)
+        unread = len(await ex.read())
+        assert HIGH_WATER < unread < HIGH_WATER + (1 << 20)  # a read or two past the mark, not 16 MiB
+        ex.close()
+
+
+async def test_the_pool_opens_at_most_max_connections() -> None:
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await _read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n1\r\na\r\n")
+        await writer.drain()
+        await asyncio.sleep(30)  # never ends: each exchange holds its connection
+
+    async for pool, conns in _server(handler):  # max_connections=4
+        held = [await pool.exchange(HEAD, b"{}", 5.0) for _ in range(4)]
+        fifth = asyncio.ensure_future(pool.exchange(HEAD, b"{}", 5.0))
+        await asyncio.sleep(0.2)
+        assert not fifth.done() and len(conns) == 4
+        held[0].close()  # not read to its end: closed, and its slot freed
+        ex = await asyncio.wait_for(fifth, 5)
+        assert len(conns) == 5
+        for e in [*held, ex]:
+            e.close()
+
+
+def test_header_lines_refuse_what_could_split_the_head() -> None:
+    assert header_lines({"traceparent": "00-ab-cd-01", "X-Request-Id": "r1"}) == (
+        b"traceparent: 00-ab-cd-01\r\nX-Request-Id: r1\r\n")
+    assert header_lines({}) == b""
+    for bad in ({"X": "a\r\nHost: evil"}, {"X": "a\nb"}, {"X\r\nY": "1"}, {"X:Y": "1"}, {"": "1"}, {"X": "a\0"}):
+        with pytest.raises(ValueError):
+            header_lines(bad)
