@@ -246,6 +246,7 @@ def main() -> int:
     p.add_argument("--max-wait-s", type=float, default=60.0, help="... for at most this long")
     p.add_argument("--out", type=Path, default=REPORTS / "relay_overhead.json")
     args = p.parse_args()
+    args.out = args.out.resolve()
     levels = [int(x) for x in args.levels.split(",")]
     t0 = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="sluice-relay-") as tmp:
