@@ -119,13 +119,14 @@ def sluice(port: int, workers_file: Path, log: Path, *, src: Path = ROOT, extra:
     return spawn(argv, log, env=env, cwd=src)
 
 
-def workers_file(path: Path, ports: list[int], kv_base: int | None, names: list[str] | None = None) -> Path:
+def workers_file(path: Path, ports: list[int], kv_base: int | None, names: list[str] | None = None,
+                 block_size: int = 128) -> Path:
     """A --workers-file for sim workers on `ports` (KV events at kv_base + 2i when given)."""
     lines = []
     for i, p in enumerate(ports):
         name = names[i] if names else f"sim-{p}"
         lines.append(f"- name: {name}\n  url: http://127.0.0.1:{p}\n  engine: sim\n  models: [{MODEL}]\n"
-                     f"  tokenizer: {MODEL}\n  block_size: 128")
+                     f"  tokenizer: {MODEL}\n  block_size: {block_size}")
         if kv_base is not None:
             lines.append(f"  kv_events_endpoint: tcp://127.0.0.1:{kv_base + 2 * i}\n"
                          f"  kv_events_replay_endpoint: tcp://127.0.0.1:{kv_base + 2 * i + 1}")
