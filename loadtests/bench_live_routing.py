@@ -122,15 +122,29 @@ async def wait_idle(urls: list[str], timeout_s: float = 60.0) -> None:
             await asyncio.sleep(0.5)
 
 
+async def start_vllm_router(worker_urls: list[str], policy: str, log: Path) -> tuple[int, Any]:
+    """A fresh vllm-router; on a shared machine a port picked free can be taken before it binds, so
+    a router that exits at start is started again on other ports (three tries)."""
+    for attempt in range(3):
+        port = procs.free_ports(1)[0]
+        router = procs.vllm_router(port, worker_urls, policy, log.with_suffix(f".{attempt}.log"))
+        try:
+            await asyncio.to_thread(procs.wait_ok, f"http://127.0.0.1:{port}", router)
+            return port, router
+        except RuntimeError:
+            procs.stop(router)
+            if attempt == 2:
+                raise
+    raise AssertionError("unreachable")
+
+
 async def run_policy(policy: str, gateway_port: int, worker_urls: list[str], reqs: list[Request], run: str,
                      scratch: Path, duration_s: float, slo_ttft_s: float) -> dict[str, Any]:
     """One policy's run; vllm-router ones start their own router and stop it after."""
     await wait_idle(worker_urls)
     router = None
     if policy.startswith("vllm:"):
-        port = procs.free_ports(1)[0]
-        router = procs.vllm_router(port, worker_urls, policy.split(":", 1)[1], scratch / f"vr-{run}.log")
-        await asyncio.to_thread(procs.wait_ok, f"http://127.0.0.1:{port}", router)
+        port, router = await start_vllm_router(worker_urls, policy.split(":", 1)[1], scratch / f"vr-{run}.log")
         header = None
     else:
         port, header = gateway_port, policy.split(":", 1)[1]
