@@ -17,14 +17,16 @@ Pure functions, no state; safe from any thread.
 
 from __future__ import annotations
 
+import sys
+from array import array
 from collections.abc import Sequence
 
 import msgpack
-import numpy as np
 import xxhash
 
 _ROOT_TAG = b"sluice-route-v1"
-_MAX_TOKEN_ID = 2**32 - 1
+_BIG_ENDIAN = sys.byteorder == "big"
+_U32 = next(code for code in "IL" if array(code).itemsize == 4)  # the typecode of a 4-byte unsigned int
 
 
 def root_hash(model: str, lora: str | None = None, cache_salt: str | None = None) -> int:
@@ -38,12 +40,17 @@ def root_hash(model: str, lora: str | None = None, cache_salt: str | None = None
 
 
 def _token_bytes(token_ids: Sequence[int]) -> bytes:
-    arr = np.asarray(token_ids, dtype=np.int64)
-    if arr.ndim != 1:
-        raise ValueError("token_ids must be a flat sequence of ints")
-    if arr.size and (int(arr.min()) < 0 or int(arr.max()) > _MAX_TOKEN_ID):
-        raise ValueError("token ids must be in [0, 2**32)")
-    return arr.astype("<u4").tobytes()
+    """The ids as little-endian uint32s. `array` converts and range-checks a list of ints about
+    three times faster than numpy (which was a third of a decision's time for a long prompt)."""
+    try:
+        arr = array(_U32, token_ids)
+    except OverflowError:
+        raise ValueError("token ids must be in [0, 2**32)") from None
+    except TypeError:
+        raise ValueError("token_ids must be a flat sequence of ints") from None
+    if _BIG_ENDIAN:
+        arr.byteswap()
+    return arr.tobytes()
 
 
 def chain_hash(parent: int, block_token_ids: Sequence[int]) -> int:
@@ -63,10 +70,11 @@ def block_hashes(token_ids: Sequence[int], block_size: int, root: int) -> list[i
         return []
     data = _token_bytes(token_ids[: n_full * block_size])
     step = block_size * 4
+    digest = xxhash.xxh64_intdigest
     out: list[int] = []
     parent = root
-    for i in range(n_full):
-        parent = xxhash.xxh64_intdigest(parent.to_bytes(8, "little") + data[i * step : (i + 1) * step])
+    for start in range(0, n_full * step, step):
+        parent = digest(parent.to_bytes(8, "little") + data[start : start + step])
         out.append(parent)
     return out
 

@@ -1,34 +1,36 @@
 """RemoteEngine: the LLMEngine contract over an OpenAI-compatible worker (vLLM, trtllm-serve).
 
-One pooled `httpx.AsyncClient` per worker. Each `generate` runs the HTTP stream in
-its own reader task that feeds a queue; cancelling that task (from `abort`, or
-because the consumer was cancelled) leaves the `client.stream(...)` block, which
-closes the connection mid-body. vLLM sees the disconnect and aborts the request,
-freeing its batch slot. Deltas are produced by the pure `StreamAssembler`.
+Streams run on `engines.remote.http1`, a keep-alive pool of plain HTTP/1.1 connections per
+worker; health probes use httpx. `generate` reads the response in the consumer's own task:
+each read hands over every byte that arrived since the previous one, the pure `SseLines` and
+`StreamAssembler` turn them into Deltas, and `coalesce` merges the content deltas of one read
+into one. Leaving the stream early (the consumer closed it, or `abort`) closes the connection
+mid-body; vLLM sees the disconnect and aborts the request, freeing its batch slot.
 """
 
 from __future__ import annotations
 
-import asyncio
-import json
 import logging
+import ssl
 from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass
-from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
+import orjson
 
 from engines.base import Delta, EngineError, EngineRequest, EngineStats
 from engines.errors import ErrorKind
 from engines.remote.errors import normalize_error
+from engines.remote.http1 import Exchange, Pool, ProtocolError, header_lines
 from engines.remote.payload import DIALECTS, Dialect, build_body
-from engines.remote.stream import StreamAssembler
+from engines.remote.sse import SseLines
+from engines.remote.stream import StreamAssembler, coalesce
 
 log = logging.getLogger(__name__)
 
-_END = object()  # queue sentinel: the reader finished without an exception
-_STOP_GRACE_S = 1.0  # how long an asked-to-stop reader may take before it is cancelled
-_DONE_GRACE_S = 2.0  # after the final Delta, how long the reader may take to read "[DONE]"
+_DONE_GRACE_S = 2.0  # after the final Delta, how long the rest of the body ("[DONE]") may take
+_ERROR_BODY_BYTES = 64 * 1024  # of a refusal's body, read to build the error
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,14 +42,14 @@ class RemoteEngineConfig:
     dialect: Dialect = "vllm"  # which engine extras the worker accepts
     served_model: str | None = None  # model name on the worker, if it differs from the gateway's id
     connect_timeout_s: float = 5.0
-    # Until the first chunk (and between the reads of any one chunk): a long prefill on a
-    # busy CPU worker can take minutes.
+    # Until the first chunk: a long prefill on a busy CPU worker can take minutes.
     read_timeout_s: float = 600.0
     # Between two chunks once the first has come: decode steps are short, so a worker silent
     # this long is stopped or wedged (a killed one closes the connection and fails at once).
     stall_timeout_s: float = 60.0
     max_connections: int = 512
     api_key: str | None = None  # bearer token the worker expects, if any
+    headers: tuple[tuple[str, str], ...] = ()  # sent with every request (e.g. a proxy's routing header)
 
     def __post_init__(self) -> None:
         if not self.base_url.startswith(("http://", "https://")):
@@ -63,6 +65,12 @@ class RemoteEngineConfig:
     def url(self) -> str:
         return self.base_url.rstrip("/")
 
+    def header_map(self) -> dict[str, str]:
+        h = dict(self.headers)
+        if self.api_key:
+            h["Authorization"] = f"Bearer {self.api_key}"
+        return h
+
 
 class RemoteEngine:
     """LLMEngine over HTTP. `stats()` counts this client's own in-flight requests only;
@@ -71,31 +79,39 @@ class RemoteEngine:
     def __init__(self, config: RemoteEngineConfig, *, client: httpx.AsyncClient | None = None) -> None:
         self.config = config
         self.name = config.name
-        self._client = client
+        self._client = client  # health probes
         self._owns_client = client is None
-        self._readers: dict[str, asyncio.Task[None]] = {}
-        # Asking a reader to stop lets it leave the HTTP stream normally, which
-        # closes the connection (and so aborts upstream). Cancelling a task that
-        # is inside httpx's stream was seen to leave the pooled connection open
-        # while the worker kept generating; cancellation is only the fallback.
-        self._stops: dict[str, asyncio.Event] = {}
+        self._pool: Pool | None = None
+        self._live: dict[str, Exchange | None] = {}  # request id -> its exchange once the head came
+        self._aborted: set[str] = set()
         self._max_seen = 0
         self._healthy = False
+        split = urlsplit(config.url)
+        self._prefix = split.path.rstrip("/")
+        host = split.hostname or "127.0.0.1"
+        self._host_header = header_lines({"Host": split.netloc, **config.header_map()})
+        self._addr = (host, split.port or (443 if split.scheme == "https" else 80), split.scheme == "https")
 
     async def start(self) -> None:
-        """Open the connection pool and probe /health once (not fatal: the router keeps probing)."""
+        """Open the connection pools and probe /health once (not fatal: the router keeps probing)."""
         if self._client is None:
-            headers = {"Authorization": f"Bearer {self.config.api_key}"} if self.config.api_key else {}
             timeout = httpx.Timeout(self.config.read_timeout_s, connect=self.config.connect_timeout_s)
-            limits = httpx.Limits(max_connections=self.config.max_connections,
-                                  max_keepalive_connections=min(64, self.config.max_connections))
-            self._client = httpx.AsyncClient(base_url=self.config.url, timeout=timeout, limits=limits,
-                                             headers=headers)
+            self._client = httpx.AsyncClient(base_url=self.config.url, timeout=timeout,
+                                             headers=self.config.header_map())
+        if self._pool is None:
+            host, port, tls = self._addr
+            self._pool = Pool(host, port, max_connections=self.config.max_connections,
+                              max_idle=min(64, self.config.max_connections),
+                              connect_timeout_s=self.config.connect_timeout_s,
+                              ssl=ssl.create_default_context() if tls else None)
         self._healthy = await self.check_health()
 
     async def stop(self) -> None:
-        for request_id in list(self._readers):
+        for request_id in list(self._live):
             await self.abort(request_id)
+        if self._pool is not None:
+            self._pool.close()
+            self._pool = None
         if self._client is not None and self._owns_client:
             await self._client.aclose()
         self._client = None
@@ -104,12 +120,14 @@ class RemoteEngine:
         return self._client is not None and self._healthy
 
     def stats(self) -> EngineStats:
-        return EngineStats(running=len(self._readers), waiting=0, max_batch_size_seen=self._max_seen)
+        return EngineStats(running=len(self._live), waiting=0, max_batch_size_seen=self._max_seen)
 
     async def check_health(self, timeout_s: float = 5.0) -> bool:
         """True when the worker answers 200 on /health."""
+        if self._client is None:
+            raise EngineError(f"engine {self.name} is not started", ErrorKind.UNAVAILABLE, retryable=True)
         try:
-            response = await self._http.get("/health", timeout=timeout_s)
+            response = await self._client.get("/health", timeout=timeout_s)
         except httpx.HTTPError:
             self._healthy = False
             return False
@@ -117,144 +135,104 @@ class RemoteEngine:
         return self._healthy
 
     async def abort(self, request_id: str) -> None:
-        """Close the request's upstream stream; idempotent, unknown ids are ignored."""
-        reader = self._readers.get(request_id)
-        if reader is not None and not reader.done():
-            await self._stop_reader(request_id, reader)
-
-    async def _stop_reader(self, request_id: str, reader: asyncio.Task[None]) -> None:
-        stop = self._stops.get(request_id)
-        if stop is not None:
-            stop.set()
-            await asyncio.wait({reader}, timeout=_STOP_GRACE_S)
-        if not reader.done():
-            reader.cancel()
-        await asyncio.gather(reader, return_exceptions=True)
+        """Close the request's upstream stream; idempotent, unknown ids are ignored. Its
+        `generate` then ends with a Delta(finish_reason="abort")."""
+        if request_id not in self._live:
+            return
+        self._aborted.add(request_id)
+        exchange = self._live.get(request_id)
+        if exchange is not None:
+            exchange.abort()
 
     async def generate(self, request: EngineRequest) -> AsyncGenerator[Delta, None]:
         """Stream Deltas; raises EngineError before the first Delta (see LLMEngine)."""
-        if request.request_id in self._readers:
-            raise EngineError(f"duplicate request id {request.request_id!r}", ErrorKind.ALREADY_EXISTS)
+        rid = request.request_id
+        if rid in self._live:
+            raise EngineError(f"duplicate request id {rid!r}", ErrorKind.ALREADY_EXISTS)
         path, body = build_body(request, self.config.dialect, self.config.served_model)
-        queue: asyncio.Queue[Any] = asyncio.Queue()
-        assembler = StreamAssembler(chat=request.kind == "chat")
-        stop = asyncio.Event()
-        self._stops[request.request_id] = stop
-        headers = {"X-Request-Id": request.request_id, **(request.trace_headers or {})}
-        reader = asyncio.create_task(self._read(path, body, headers, assembler, queue, stop))
-        self._readers[request.request_id] = reader
-        self._max_seen = max(self._max_seen, len(self._readers))
+        self._live[rid] = None
+        self._max_seen = max(self._max_seen, len(self._live))
+        exchange: Exchange | None = None
         try:
-            async for delta in self._drain(queue, reader, assembler):
+            headers = {"X-Request-Id": rid, **(request.trace_headers or {})}
+            exchange = await self._open(path, orjson.dumps(body), headers)
+            self._live[rid] = exchange
+            if rid in self._aborted:
+                exchange.abort()
+            async for delta in self._deltas(exchange, StreamAssembler(chat=request.kind == "chat"), rid):
                 yield delta
-            if not reader.done():
-                # Let the reader consume "[DONE]" so the connection returns to the pool.
-                await asyncio.wait({reader}, timeout=_DONE_GRACE_S)
         finally:
-            if not reader.done():
-                # The consumer went away: closing the stream aborts upstream.
-                await asyncio.shield(self._stop_reader(request.request_id, reader))
-            self._readers.pop(request.request_id, None)
-            self._stops.pop(request.request_id, None)
+            if exchange is not None:
+                exchange.close()  # back to the pool if read to the end; else closed, which aborts upstream
+            self._live.pop(rid, None)
+            self._aborted.discard(rid)
 
-    async def _drain(self, queue: asyncio.Queue[Any], reader: asyncio.Task[None],
-                     assembler: StreamAssembler) -> AsyncIterator[Delta]:
-        sent_any = False
-        while True:
-            item = await _next_item(queue, reader)
-            if item is _END or item is None:
-                if not assembler.done:
-                    # None: the reader was cancelled by abort(); _END: the body ended early.
-                    final = assembler.finish() if item is _END else _abort_delta(assembler)
-                    yield final
-                return
-            if isinstance(item, EngineError):
-                if not sent_any:
-                    raise item
-                yield Delta(finish_reason="error", error=item.message,
-                            completion_tokens=assembler.completion_tokens)
-                return
-            sent_any = True
-            yield item
-            if item.finish_reason is not None:
-                return
-
-    async def _read(self, path: str, body: dict[str, Any], headers: dict[str, str],
-                    assembler: StreamAssembler, queue: asyncio.Queue[Any], stop: asyncio.Event) -> None:
-        """Own the HTTP stream; put Deltas, one EngineError, or _END on the queue."""
+    async def _open(self, path: str, payload: bytes, headers: dict[str, str]) -> Exchange:
+        """Send the request (with the request id and trace context in `headers`) and wait for the
+        response head; a refusal raises its EngineError."""
+        if self._pool is None:
+            raise EngineError(f"engine {self.name} is not started", ErrorKind.UNAVAILABLE, retryable=True)
         request_id = headers["X-Request-Id"]
         try:
-            async with self._http.stream("POST", path, json=body, headers=headers) as response:
-                if response.status_code != 200:
-                    queue.put_nowait(normalize_error(response.status_code, await response.aread()))
-                    return
-                async for data in _sse_data(response, self.config.stall_timeout_s):
-                    if data == "[DONE]" or stop.is_set():
+            extra = header_lines(headers)
+        except (ValueError, UnicodeEncodeError) as exc:
+            raise EngineError(f"request {request_id!r}: {exc}", ErrorKind.INVALID_ARG) from None
+        head = (f"POST {self._prefix}{path} HTTP/1.1\r\nContent-Type: application/json\r\n"
+                f"Accept: text/event-stream\r\nContent-Length: {len(payload)}\r\n"
+                ).encode("latin-1") + extra + self._host_header + b"\r\n"
+        try:
+            exchange = await self._pool.exchange(head, payload, self.config.read_timeout_s)
+            if exchange.status != 200:
+                try:
+                    raise normalize_error(exchange.status, await exchange.read_all(_ERROR_BODY_BYTES))
+                finally:
+                    exchange.close()
+        except (OSError, ProtocolError, TimeoutError) as exc:
+            raise self._failure(exc, request_id) from None
+        return exchange
+
+    async def _deltas(self, exchange: Exchange, assembler: StreamAssembler, rid: str) -> AsyncIterator[Delta]:
+        lines = SseLines()
+        sent_any = False
+        while True:
+            batch: list[Delta] = []
+            try:
+                data = await exchange.read()
+                ended = not data
+                for payload in lines.feed(data) if data else ():
+                    if payload == b"[DONE]":
+                        ended = True
                         break
-                    for delta in assembler.feed(json.loads(data)):
-                        queue.put_nowait(delta)
-            queue.put_nowait(None if stop.is_set() else _END)  # None: aborted on request
-        except asyncio.CancelledError:
-            raise
-        except TimeoutError:
-            log.warning("worker %s request %s: no chunk for %.0f s; giving up on it", self.name, request_id,
+                    batch.extend(assembler.feed(orjson.loads(payload)))
+            except (OSError, ProtocolError, TimeoutError, ValueError) as exc:
+                if rid in self._aborted:
+                    yield _abort_delta(assembler)
+                    return
+                error = self._failure(exc, rid)
+                if not sent_any:
+                    raise error from None
+                yield Delta(finish_reason="error", error=error.message, completion_tokens=assembler.completion_tokens)
+                return
+            for delta in coalesce(batch):
+                if not sent_any:
+                    sent_any = True
+                    exchange.idle_timeout_s = self.config.stall_timeout_s
+                yield delta
+            if assembler.done or ended:
+                if not assembler.done:  # the body (or [DONE]) ended before the final chunk
+                    yield assembler.finish()
+                await exchange.drain(_DONE_GRACE_S)  # read to the end so the connection is reused
+                return
+
+    def _failure(self, exc: BaseException, request_id: str) -> EngineError:
+        """Before the first byte this is retryable on another worker; after it, an error Delta."""
+        if isinstance(exc, TimeoutError):
+            log.warning("worker %s request %s: nothing for %.0f s; giving up on it", self.name, request_id,
                         self.config.stall_timeout_s)
-            queue.put_nowait(EngineError(f"worker {self.name} stopped sending for {self.config.stall_timeout_s:.0f} s",
-                                         ErrorKind.UNAVAILABLE, retryable=True))
-        except (httpx.HTTPError, ValueError) as exc:
-            # Before the first byte this is retryable on another worker; after it,
-            # _drain turns it into a final error Delta.
-            log.warning("worker %s request %s failed: %r", self.name, request_id, exc)
-            queue.put_nowait(EngineError(f"worker {self.name} failed: {type(exc).__name__}: {exc}",
-                                         ErrorKind.UNAVAILABLE if isinstance(exc, httpx.TransportError)
-                                         else ErrorKind.INTERNAL, retryable=True))
-
-    @property
-    def _http(self) -> httpx.AsyncClient:
-        if self._client is None:
-            raise EngineError(f"engine {self.name} is not started", ErrorKind.UNAVAILABLE, retryable=True)
-        return self._client
-
-
-async def _next_item(queue: asyncio.Queue[Any], reader: asyncio.Task[None]) -> Any:
-    """The next queued item, or None once the reader task was cancelled with nothing left."""
-    while True:
-        if not queue.empty():
-            return queue.get_nowait()
-        if reader.done():
-            if reader.cancelled():
-                return None
-            # The reader puts _END before finishing normally, so it must have crashed.
-            return EngineError(f"worker stream reader failed: {reader.exception()!r}", ErrorKind.INTERNAL)
-        getter = asyncio.ensure_future(queue.get())
-        try:
-            await asyncio.wait({getter, reader}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            if not getter.done():
-                getter.cancel()  # also on our own cancellation: no orphaned queue.get()
-        if getter.done() and not getter.cancelled():
-            return getter.result()
-
-
-async def _sse_data(response: httpx.Response, stall_timeout_s: float) -> AsyncIterator[str]:
-    """The payloads of ``data:`` lines; comments (``: ping``) and other fields are skipped.
-
-    After the first payload each line must come within `stall_timeout_s`, else TimeoutError;
-    before it, only the client's read timeout applies (prefill may be long)."""
-    lines = aiter(response.aiter_lines())
-    started = False
-    while True:
-        try:
-            if started:
-                async with asyncio.timeout(stall_timeout_s):
-                    line = await anext(lines)
-            else:
-                line = await anext(lines)
-        except StopAsyncIteration:
-            return
-        if line.startswith("data:"):
-            started = True
-            yield line[5:].strip()
+            return EngineError(f"worker {self.name} stopped sending ({exc})", ErrorKind.UNAVAILABLE, retryable=True)
+        log.warning("worker %s request %s failed: %r", self.name, request_id, exc)
+        kind = ErrorKind.UNAVAILABLE if isinstance(exc, OSError) else ErrorKind.INTERNAL
+        return EngineError(f"worker {self.name} failed: {type(exc).__name__}: {exc}", kind, retryable=True)
 
 
 def _abort_delta(assembler: StreamAssembler) -> Delta:

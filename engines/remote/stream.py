@@ -111,3 +111,41 @@ class StreamAssembler:
             self.completion_tokens = self.usage_completion_tokens
         return Delta(finish_reason=reason, prompt_tokens=self.prompt_tokens,
                      completion_tokens=self.completion_tokens, cached_tokens=self.cached_tokens, error=error)
+
+
+def _plain(d: Delta) -> bool:
+    return d.finish_reason is None and d.chat_extra is None and d.prompt_tokens is None and d.cached_tokens is None
+
+
+def coalesce(deltas: list[Delta]) -> list[Delta]:
+    """Merge runs of plain content deltas (text, token ids, logprobs) into one delta each.
+
+    Deltas that arrived in one read from the worker are relayed as one chunk: under load the
+    gateway then does its per-chunk work once per read instead of once per token, and a client
+    gets the same text, ids and counts. Finish, usage and parser-output (`chat_extra`) deltas
+    are never merged, so tool-call fragments and the final chunk keep their own events."""
+    if len(deltas) < 2:
+        return deltas
+    out: list[Delta] = []
+    run: list[Delta] = []
+    for d in deltas:
+        if _plain(d) and (not run or (run[0].logprobs is None) == (d.logprobs is None)):
+            run.append(d)
+            continue
+        _flush(run, out)
+        if _plain(d):
+            run.append(d)
+        else:
+            out.append(d)
+    _flush(run, out)
+    return out
+
+
+def _flush(run: list[Delta], out: list[Delta]) -> None:
+    if len(run) == 1:
+        out.append(run[0])
+    elif run:
+        logprobs = [lp for d in run for lp in d.logprobs or ()] if run[0].logprobs is not None else None
+        out.append(Delta(text="".join(d.text for d in run), token_ids=[t for d in run for t in d.token_ids],
+                         completion_tokens=run[-1].completion_tokens, logprobs=logprobs))
+    run.clear()

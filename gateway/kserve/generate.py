@@ -14,14 +14,12 @@ from collections.abc import AsyncGenerator
 from contextlib import aclosing
 from typing import Any
 
-from sse_starlette.sse import EventSourceResponse
-
 from engines.base import Delta
 from engines.errors import ErrorKind, SluiceError, invalid
 from gateway.kserve.params import parse_params
 from gateway.llm.dispatch import Dispatch
 from gateway.llm.service import GenerateCall, LLMService, Prompt
-from gateway.sse import relay
+from gateway.sse import SSEResponse, relay
 
 _BODY_KEYS = ("text_input", "prompt", "parameters", "id")
 
@@ -71,7 +69,7 @@ async def generate_once(llm: LLMService, name: str, version: str, body: dict[str
 
 
 async def generate_sse(llm: LLMService, name: str, version: str, body: dict[str, Any],
-                       key_id: str | None = None) -> EventSourceResponse:
+                       key_id: str | None = None) -> SSEResponse:
     d = await start(llm, name, *parse_body(body), key_id=key_id)
     stream = text_deltas(d)
     try:

@@ -9,6 +9,7 @@ from typing import Any
 from engines.base import Delta
 from engines.errors import ErrorKind, SluiceError
 from gateway.llm.dispatch import Dispatch
+from gateway.openai.chunks import ChunkEncoder
 from gateway.openai.logprobs import chat_logprobs
 from gateway.openai.schemas import ChatCompletionRequest
 from gateway.openai.usage import UsageTally
@@ -24,14 +25,10 @@ def raise_if_failed(delta: Delta) -> None:
         raise SluiceError(delta.error or "the engine failed while generating", ErrorKind.INTERNAL)
 
 
-def _chunk(d: Dispatch, choices: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
-    return {"id": d.request_id, "object": "chat.completion.chunk", "created": d.created, "model": d.model.name,
-            "system_fingerprint": None, "choices": choices, **extra}
-
-
-async def stream_chunks(d: Dispatch, body: ChatCompletionRequest) -> AsyncGenerator[dict[str, Any], None]:
+async def stream_chunks(d: Dispatch, body: ChatCompletionRequest) -> AsyncGenerator[bytes, None]:
+    """The chunks of a streamed chat completion, as JSON bytes."""
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
-    extra = {"usage": None} if include_usage else {}
+    enc = ChunkEncoder(d.request_id, "chat.completion.chunk", d.created, d.model.name, include_usage=include_usage)
     tally = UsageTally([len(d.requests[0].prompt_token_ids)])
     started: set[int] = set()
     async with aclosing(d.deltas()) as deltas:
@@ -39,21 +36,22 @@ async def stream_chunks(d: Dispatch, body: ChatCompletionRequest) -> AsyncGenera
             tally.add(i, 0, delta)
             if i not in started:  # the role appears only in each choice's first delta
                 started.add(i)
-                first = {"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
-                         "finish_reason": None}
-                yield _chunk(d, [first], **extra)
+                yield enc.choices([{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                                    "finish_reason": None}])
             raise_if_failed(delta)
+            if delta.text and not (delta.chat_extra or delta.finish_reason or delta.logprobs):
+                yield enc.content(i, delta.text)  # the common chunk, from the template
+                continue
             out: dict[str, Any] = {}
             if delta.text:
                 out["content"] = delta.text
             if delta.chat_extra:
                 out.update(delta.chat_extra)
             if out or delta.finish_reason or delta.logprobs:
-                choice = {"index": i, "delta": out, "logprobs": chat_logprobs(delta.logprobs),
-                          "finish_reason": finish_reason(delta.finish_reason)}
-                yield _chunk(d, [choice], **extra)
+                yield enc.choices([{"index": i, "delta": out, "logprobs": chat_logprobs(delta.logprobs),
+                                    "finish_reason": finish_reason(delta.finish_reason)}])
     if include_usage:
-        yield _chunk(d, [], usage=tally.body())
+        yield enc.usage(tally.body())
 
 
 async def collect(d: Dispatch) -> dict[str, Any]:

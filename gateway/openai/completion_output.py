@@ -12,6 +12,7 @@ from typing import Any
 from gateway.llm.dispatch import Dispatch
 from gateway.llm.service import Prompt
 from gateway.openai.chat_output import finish_reason, raise_if_failed
+from gateway.openai.chunks import ChunkEncoder
 from gateway.openai.logprobs import CompletionLogprobs
 from gateway.openai.schemas import CompletionRequest
 from gateway.openai.usage import UsageTally
@@ -23,15 +24,11 @@ def _echo_text(d: Dispatch, prompt: Prompt) -> str:
     return d.model.tokenizer.decode(prompt.token_ids, skip_special_tokens=False)
 
 
-def _chunk(d: Dispatch, choices: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
-    return {"id": d.request_id, "object": "text_completion", "created": d.created, "model": d.model.name,
-            "system_fingerprint": None, "choices": choices, **extra}
-
-
 async def stream_chunks(d: Dispatch, body: CompletionRequest, prompts: list[Prompt]
-                        ) -> AsyncGenerator[dict[str, Any], None]:
+                        ) -> AsyncGenerator[bytes, None]:
+    """The chunks of a streamed completion, as JSON bytes."""
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
-    extra = {"usage": None} if include_usage else {}
+    enc = ChunkEncoder(d.request_id, "text_completion", d.created, d.model.name, include_usage=include_usage)
     tally = UsageTally([len(p.token_ids) for p in prompts])
     offsets: dict[int, CompletionLogprobs] = {}
     async with aclosing(d.deltas()) as deltas:
@@ -46,11 +43,13 @@ async def stream_chunks(d: Dispatch, body: CompletionRequest, prompts: list[Prom
             logprobs = offsets[i].add(delta.logprobs) if delta.logprobs else None
             if not logprobs:
                 offsets[i].offset += len(delta.text)
-            if text or delta.finish_reason or logprobs:
-                yield _chunk(d, [{"index": i, "text": text, "logprobs": logprobs,
-                                  "finish_reason": finish_reason(delta.finish_reason)}], **extra)
+            if text and not (delta.finish_reason or logprobs):
+                yield enc.text(i, text)  # the common chunk, from the template
+            elif text or delta.finish_reason or logprobs:
+                yield enc.choices([{"index": i, "text": text, "logprobs": logprobs,
+                                    "finish_reason": finish_reason(delta.finish_reason)}])
     if include_usage:
-        yield _chunk(d, [], usage=tally.body())
+        yield enc.usage(tally.body())
 
 
 async def collect(d: Dispatch, body: CompletionRequest, prompts: list[Prompt]) -> dict[str, Any]:

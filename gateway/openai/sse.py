@@ -8,11 +8,10 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
 from fastapi import Request
-from sse_starlette.sse import EventSourceResponse
 
 from engines.errors import ErrorKind, SluiceError
 from gateway.openai.errors import error_body
-from gateway.sse import relay
+from gateway.sse import SSEResponse, relay
 
 T = TypeVar("T")
 
@@ -38,7 +37,7 @@ async def unless_disconnected(request: Request, work: Awaitable[T], poll_s: floa
             await asyncio.gather(task, return_exceptions=True)
 
 
-def sse(events: AsyncIterator[dict[str, Any]], *, ping_s: float, headers: dict[str, str],
-        on_close: Callable[[], None] | None = None) -> EventSourceResponse:
+def sse(events: AsyncIterator[dict[str, Any] | bytes], *, ping_s: float, headers: dict[str, str],
+        on_close: Callable[[], None] | None = None) -> SSEResponse:
     """OpenAI streams end with `data: [DONE]`, after an `{"error": ...}` event on failure."""
     return relay(events, error_body=error_body, done="[DONE]", ping_s=ping_s, headers=headers, on_close=on_close)

@@ -99,3 +99,21 @@ def test_completion_logprobs_become_per_token_entries() -> None:
         "tokens": ["a"], "token_logprobs": [-0.5], "top_logprobs": [{"a": -0.5, "b": -1.0}], "text_offset": [0]}}]})
     assert out[0].logprobs == [{"token": "a", "logprob": -0.5,
                                 "top_logprobs": [{"token": "a", "logprob": -0.5}, {"token": "b", "logprob": -1.0}]}]
+
+
+def test_coalesce_merges_content_runs_but_keeps_finish_and_parser_output_apart() -> None:
+    from engines.base import Delta
+    from engines.remote.stream import coalesce
+
+    tool = Delta(chat_extra={"tool_calls": [{"index": 0}]}, completion_tokens=3)
+    final = Delta(finish_reason="length", completion_tokens=5, prompt_tokens=9, cached_tokens=0)
+    text = [Delta(text=t, token_ids=[n], completion_tokens=c) for t, n, c in (("a", 1, 1), ("b", 2, 2),
+                                                                              ("c", 3, 4), ("d", 4, 5))]
+    deltas = [text[0], text[1], tool, text[2], text[3], final]
+    out = coalesce(deltas)
+    assert [(d.text, d.token_ids, d.completion_tokens) for d in out] == [
+        ("ab", [1, 2], 2), ("", [], 3), ("cd", [3, 4], 5), ("", [], 5)]
+    assert out[1] is tool and out[3] is final
+    with_lp = [Delta(text="x", logprobs=[{"token": "x"}]), Delta(text="y", logprobs=[{"token": "y"}]), Delta(text="z")]
+    merged = coalesce(with_lp)
+    assert [(d.text, d.logprobs) for d in merged] == [("xy", [{"token": "x"}, {"token": "y"}]), ("z", None)]

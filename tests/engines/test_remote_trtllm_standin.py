@@ -179,8 +179,7 @@ async def test_standin_refusals_are_openai_errors(engine: RemoteEngine, standin_
 async def test_standin_faults_before_and_after_first_byte(standin_worker) -> None:
     url, _ = standin_worker
     for fault, expect in (("html-500", "raise"), ("midstream-error", "error"), ("midstream-close", "error")):
-        client = httpx.AsyncClient(base_url=url, headers={"X-Standin-Fault": fault})
-        eng = RemoteEngine(RemoteEngineConfig(url, dialect="trtllm"), client=client)
+        eng = RemoteEngine(RemoteEngineConfig(url, dialect="trtllm", headers=(("X-Standin-Fault", fault),)))
         await eng.start()
         try:
             if expect == "raise":
@@ -192,7 +191,6 @@ async def test_standin_faults_before_and_after_first_byte(standin_worker) -> Non
                 assert deltas[0].text and deltas[-1].finish_reason == "error" and deltas[-1].error
         finally:
             await eng.stop()
-            await client.aclose()
 
 
 async def _running(url: str) -> int:
