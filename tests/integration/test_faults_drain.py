@@ -14,21 +14,24 @@ import asyncio
 import json
 import signal
 import time
+from contextlib import ExitStack
 from pathlib import Path
 
 import httpx
 import pytest
 
 from tests.integration.conftest import MODEL, Worker, gateway_over
+from tests.integration.vllm_support import engines_stopped
 from tests.servers import Server
 
 pytestmark = [pytest.mark.integration, pytest.mark.vllm]
 
 
-async def _stream(http: httpx.AsyncClient, prompt: str, max_tokens: int, first: asyncio.Event) -> list[str]:
+async def _stream(http: httpx.AsyncClient, prompt: str, max_tokens: int, first: asyncio.Event,
+                  payloads: list[str] | None = None) -> list[str]:
     body = {"model": MODEL, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True,
             "stream": True}
-    payloads: list[str] = []
+    payloads = [] if payloads is None else payloads
     async with http.stream("POST", "/v1/completions", json=body) as r:
         assert r.status_code == 200
         async for line in r.aiter_lines():
@@ -59,6 +62,25 @@ def _client_port(r: httpx.Response) -> int:
     return int(r.extensions["network_stream"].get_extra_info("client_addr")[1])
 
 
+async def _stopped_mid_stream(http: httpx.AsyncClient, workers: list[Worker], stack: ExitStack
+                              ) -> asyncio.Task[list[str]]:
+    """A long stream under way with every engine stopped (SIGSTOP) before it could finish, so it is
+    certainly still running at the drain deadline; `stack` resumes the engines. If the stream had
+    already been written out whole by then (a busy test process reads late), it is set up again."""
+    for attempt in range(3):
+        first, payloads = asyncio.Event(), []
+        stream = asyncio.create_task(_stream(http, f"drain deadline story {attempt}", 1800, first, payloads))
+        await asyncio.wait_for(first.wait(), 120)
+        stopped = engines_stopped(w.proc.pid for w in workers)
+        stopped.__enter__()
+        await asyncio.sleep(0.5)  # what was sent before the stop arrives
+        if not stream.done():
+            stack.callback(stopped.__exit__, None, None, None)
+            return stream
+        stopped.__exit__(None, None, None)
+    raise AssertionError("the stream kept finishing before the engines were stopped")
+
+
 async def test_at_the_deadline_streams_end_with_an_error_and_new_requests_get_503(workers: list[Worker],
                                                                                    tmp_path: Path) -> None:
     gateway = gateway_over(workers, tmp_path, "--drain-timeout-s", "4")
@@ -67,32 +89,13 @@ async def test_at_the_deadline_streams_end_with_an_error_and_new_requests_get_50
                 httpx.AsyncClient(base_url=gateway.url, timeout=60) as keep_alive:
             before = await keep_alive.get("/v1/models")  # opens the connection reused below
             assert before.status_code == 200
-            first = asyncio.Event()
-            stream = asyncio.create_task(_stream(http, "drain deadline story", 1800, first))
-            await asyncio.wait_for(first.wait(), 120)
-            gateway.proc.send_signal(signal.SIGTERM)
-            signalled = time.monotonic()
-            await asyncio.sleep(0.3)  # the signal is handled on the server's event loop
-
-            health = await keep_alive.get("/health")
-            assert health.status_code == 503 and health.json()["detail"] == "draining"
-            # Still the keep-alive connection opened before the drain, and the only one in the pool,
-            # so the refused request below travels on it too. (Its own answer closes the connection,
-            # which makes reading the refused response's socket racy.)
-            assert _client_port(health) == _client_port(before)
-            body = {"model": MODEL, "prompt": "x", "max_tokens": 1}
-            async with keep_alive.stream("POST", "/v1/completions", json=body) as refused:
-                await refused.aread()
-            assert refused.status_code == 503 and refused.headers["retry-after"] == "1"
-            assert refused.json()["error"]["code"] == "shutting_down" and refused.headers["connection"] == "close"
-            async with httpx.AsyncClient(base_url=gateway.url, timeout=10) as fresh:
-                r = await fresh.post("/v1/chat/completions", json={
-                    "model": MODEL, "messages": [{"role": "user", "content": "hi"}], "stream": True})
-                assert r.status_code == 503 and r.json()["error"]["type"] == "server_error"
-                kserve = await fresh.get("/v2/health/ready")
-                assert kserve.status_code == 503 and "shutting down" in kserve.json()["error"]
-
-            payloads = await asyncio.wait_for(stream, 60)
+            with ExitStack() as stack:
+                stream = await _stopped_mid_stream(http, workers, stack)
+                gateway.proc.send_signal(signal.SIGTERM)
+                signalled = time.monotonic()
+                await asyncio.sleep(0.3)  # the signal is handled on the server's event loop
+                await _refused_while_draining(gateway, keep_alive, before)
+                payloads = await asyncio.wait_for(stream, 60)
             ended = time.monotonic() - signalled
             print(f"\nFAULT-TIMING drain deadline: stream ended {ended:.2f} s after SIGTERM (deadline 4 s)")
             assert json.loads(payloads[-2])["error"]["code"] == "shutting_down" and payloads[-1] == "[DONE]"
@@ -103,6 +106,26 @@ async def test_at_the_deadline_streams_end_with_an_error_and_new_requests_get_50
         assert "drain deadline passed" in gateway.log()
     finally:
         gateway.stop()
+
+
+async def _refused_while_draining(gateway: Server, keep_alive: httpx.AsyncClient, before: httpx.Response) -> None:
+    health = await keep_alive.get("/health")
+    assert health.status_code == 503 and health.json()["detail"] == "draining"
+    # Still the keep-alive connection opened before the drain, and the only one in the pool,
+    # so the refused request below travels on it too. (Its own answer closes the connection,
+    # which makes reading the refused response's socket racy.)
+    assert _client_port(health) == _client_port(before)
+    body = {"model": MODEL, "prompt": "x", "max_tokens": 1}
+    async with keep_alive.stream("POST", "/v1/completions", json=body) as refused:
+        await refused.aread()
+    assert refused.status_code == 503 and refused.headers["retry-after"] == "1"
+    assert refused.json()["error"]["code"] == "shutting_down" and refused.headers["connection"] == "close"
+    async with httpx.AsyncClient(base_url=gateway.url, timeout=10) as fresh:
+        r = await fresh.post("/v1/chat/completions", json={
+            "model": MODEL, "messages": [{"role": "user", "content": "hi"}], "stream": True})
+        assert r.status_code == 503 and r.json()["error"]["type"] == "server_error"
+        kserve = await fresh.get("/v2/health/ready")
+        assert kserve.status_code == 503 and "shutting down" in kserve.json()["error"]
 
 
 async def test_streams_that_finish_in_time_end_normally_and_the_process_exits_after_them(workers: list[Worker],

@@ -10,7 +10,7 @@ import openai
 import pytest
 
 from tests.integration.conftest import BLOCK, MODEL, Worker
-from tests.integration.vllm_support import generation_tokens
+from tests.integration.vllm_support import engines_stopped, generation_tokens
 from tests.integration.vllm_support import metric_value as vllm_metric
 from tests.servers import Server, metric_value
 
@@ -75,17 +75,9 @@ def test_cached_tokens_reach_the_client(gateway: Server) -> None:
 
 
 async def test_disconnect_aborts_on_the_vllm_worker(gateway: Server, workers: list[Worker]) -> None:
-    body = {"model": MODEL, "prompt": list(range(700, 740)), "max_tokens": 1900, "ignore_eos": True,
-            "stream": True}
     async with httpx.AsyncClient(timeout=120) as http:
         before = {w.name: generation_tokens((await http.get(w.url + "/metrics")).text) for w in workers}
-        async with http.stream("POST", gateway.url + "/v1/completions", json=body) as r:
-            worker = _by_name(workers, r.headers["x-sluice-worker"])
-            async for line in r.aiter_lines():
-                if line.startswith("data: {"):
-                    assert '"finish_reason":null' in line  # still generating when we hang up
-                    break
-        # leaving the block drops the connection mid-stream
+        worker = await _hang_up_mid_stream(http, gateway, workers)
         running = 1.0
         for _ in range(100):
             text = (await http.get(worker.url + "/metrics")).text
@@ -96,6 +88,34 @@ async def test_disconnect_aborts_on_the_vllm_worker(gateway: Server, workers: li
         generated = generation_tokens((await http.get(worker.url + "/metrics")).text) - before[worker.name]
     assert running == 0
     assert generated < 1900  # vLLM stopped early: the request was aborted, it did not run to the end
+
+
+async def _hang_up_mid_stream(http: httpx.AsyncClient, gateway: Server, workers: list[Worker]) -> Worker:
+    """Open a long stream, stop its worker's engine (SIGSTOP) once it has sent a token, drop the
+    connection while the engine is certainly mid-answer, then resume the engine. tiny-llama can
+    write all 1900 tokens before a busy test process reads the first one; then (the rest of the
+    answer already read within half a second of the stop) the scenario is set up again."""
+    for attempt in range(3):
+        body = {"model": MODEL, "prompt": list(range(700 + attempt, 740)), "max_tokens": 1900, "ignore_eos": True,
+                "stream": True}
+        async with http.stream("POST", gateway.url + "/v1/completions", json=body) as r:
+            worker = _by_name(workers, r.headers["x-sluice-worker"])
+            lines = r.aiter_lines()
+            while not (line := await anext(lines)).startswith("data: {"):
+                pass
+            assert '"finish_reason":null' in line
+            with engines_stopped([worker.proc.pid]):
+                try:
+                    while '"finish_reason":null' in (line := await asyncio.wait_for(anext(lines), 0.5)) \
+                            or not line.startswith("data: {"):
+                        pass
+                except TimeoutError:  # nothing more while the engine is stopped: mid-answer
+                    await r.aclose()  # hang up; vLLM sees it once it runs again
+                    return worker
+                except StopAsyncIteration:
+                    pass
+        # the whole answer had been written out before the stop
+    raise AssertionError("the answer kept finishing before its engine could be stopped")
 
 
 def _kv_events(gateway: Server, workers: list[Worker]) -> dict[str, float]:

@@ -11,10 +11,13 @@ import json
 import os
 import re
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
 import time
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -144,3 +147,19 @@ def engine_group(launcher_pid: int) -> int:
     children = psutil.Process(launcher_pid).children()
     assert children, "the launcher has no vLLM child"
     return os.getpgid(children[0].pid)
+
+
+@contextmanager
+def engines_stopped(launcher_pids: Iterable[int]) -> Iterator[None]:
+    """The vLLM engines of these launchers held still (SIGSTOP) for the block, then resumed. A test
+    uses it so a request is certainly still unfinished while it injects a fault: tiny-llama on a
+    quiet machine writes a whole 2k-token answer in a few seconds, sooner than a busy test process
+    may read its first line."""
+    groups = [engine_group(pid) for pid in launcher_pids]
+    for g in groups:
+        os.killpg(g, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        for g in groups:
+            os.killpg(g, signal.SIGCONT)
