@@ -13,6 +13,7 @@ import asyncio
 import logging
 import os
 import signal
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -98,30 +99,38 @@ def test_a_worker_that_leaves_is_drained_then_removed_and_may_come_back(
             "stream": True}
     session = _session_for(gateway, pod_b)
     group = engine_group(worker_b.proc.pid)
-    with httpx.Client(timeout=120) as client, client.stream(
-            "POST", f"{gateway.url}/v1/completions", json=body,
-            headers={"X-Routing-Policy": "session", "X-Session-Id": session}) as stream:
-        assert stream.headers["x-sluice-worker"] == pod_b
-        # Hold worker b still from its first byte while the pod is marked terminating: tiny-llama
-        # writes 1500 tokens in about 4 s, so the request could otherwise finish first (the client
-        # reads nothing meanwhile; the socket buffers hold it all), and the worker would be removed
-        # before it was seen draining.
-        os.killpg(group, signal.SIGSTOP)
-        try:
-            api.put(_slice(worker_b, pod_b, ready=False, terminating=True))  # the pod is terminating
-            _until(lambda: _workers(gateway)[pod_b]["draining"], 10)
-            assert set(_served_by(gateway, 3, "While b drains")) == {PODS[0]}
-            assert _workers(gateway)[pod_b]["in_flight"] == 1  # kept while its request runs
-        finally:
-            os.killpg(group, signal.SIGCONT)
-        lines = stream.iter_lines()
-        rest = [line for line in lines if line]  # the request in flight finishes on the draining worker
-        assert rest[-1] == "data: [DONE]" and '"finish_reason":"length"' in "".join(rest).replace(" ", "")
+    # Worker b's engine is stopped (SIGSTOP) before the request is sent, so the request is certainly
+    # in flight on b while its pod is marked terminating: tiny-llama writes 1500 tokens in a few
+    # seconds, and a stream started first could finish before the test looked.
+    os.killpg(group, signal.SIGSTOP)
+    out: dict[str, Any] = {}
+    reader = threading.Thread(target=_read_stream, args=(gateway, body, session, out), daemon=True)
+    try:
+        reader.start()
+        _until(lambda: _workers(gateway)[pod_b]["in_flight"] == 1, 10)  # dispatched to b
+        api.put(_slice(worker_b, pod_b, ready=False, terminating=True))  # the pod is terminating
+        _until(lambda: _workers(gateway)[pod_b]["draining"], 10)
+        assert set(_served_by(gateway, 3, "While b drains")) == {PODS[0]}
+        assert _workers(gateway)[pod_b]["in_flight"] == 1  # kept while its request runs
+    finally:
+        os.killpg(group, signal.SIGCONT)
+    reader.join(120)
+    assert out.get("worker") == pod_b, out
+    rest = out["lines"]  # the request in flight finished on the draining worker
+    assert rest[-1] == "data: [DONE]" and '"finish_reason":"length"' in "".join(rest).replace(" ", "")
     _until(lambda: pod_b not in _workers(gateway), 10)  # its in-flight request done: removed
     assert set(_served_by(gateway, 3, "After b left")) == {PODS[0]}
     api.put(_slice(worker_b, pod_b))
     _until(lambda: pod_b in _workers(gateway) and not _workers(gateway)[pod_b]["draining"])
     assert set(_served_by(gateway, 4, "b is back")) == set(PODS)
+
+
+def _read_stream(gateway: Server, body: dict[str, Any], session: str, out: dict[str, Any]) -> None:
+    headers = {"X-Routing-Policy": "session", "X-Session-Id": session}
+    with httpx.Client(timeout=120) as client, client.stream(
+            "POST", f"{gateway.url}/v1/completions", json=body, headers=headers) as stream:
+        out["worker"] = stream.headers.get("x-sluice-worker")
+        out["lines"] = [line for line in stream.iter_lines() if line]
 
 
 def _session_for(gateway: Server, pod: str) -> str:
