@@ -109,5 +109,7 @@ async def test_conversations_stick_to_their_worker_and_predictions_match(
     within = [t for t in turns if abs(t.predicted_cached - t.reported_cached) <= BLOCK]
     assert len(within) >= 0.9 * len(turns), f"{len(within)}/{len(turns)} within one block:\n{table}"
 
-    # Load spreads conversations: both workers serve traffic.
-    assert {t.worker for t in turns} == {w.name for w in workers}, table
+    # Whether load spreads these conversations over both workers is not asserted: the cost in
+    # seconds keeps a shared prefix on its holder until that worker's queue costs more than a cold
+    # prefill elsewhere, which a quiet machine may never reach here. Spread is measured where load
+    # is controlled: the imbalance figures of loadtests/routing_vtime.py (docs/routing.md).
