@@ -59,7 +59,13 @@ async def _exit_code(server: Server, timeout_s: float) -> int | None:
 
 
 def _client_port(r: httpx.Response) -> int:
-    return int(r.extensions["network_stream"].get_extra_info("client_addr")[1])
+    return int(r.extensions["sluice_client_port"])
+
+
+async def _record_client_port(r: httpx.Response) -> None:
+    """A response hook: the local port, read while the connection is surely open (a draining
+    server may close it right after its answer)."""
+    r.extensions["sluice_client_port"] = r.extensions["network_stream"].get_extra_info("client_addr")[1]
 
 
 async def _stopped_mid_stream(http: httpx.AsyncClient, workers: list[Worker], stack: ExitStack
@@ -86,7 +92,8 @@ async def test_at_the_deadline_streams_end_with_an_error_and_new_requests_get_50
     gateway = gateway_over(workers, tmp_path, "--drain-timeout-s", "4")
     try:
         async with httpx.AsyncClient(base_url=gateway.url, timeout=60) as http, \
-                httpx.AsyncClient(base_url=gateway.url, timeout=60) as keep_alive:
+                httpx.AsyncClient(base_url=gateway.url, timeout=60,
+                                  event_hooks={"response": [_record_client_port]}) as keep_alive:
             before = await keep_alive.get("/v1/models")  # opens the connection reused below
             assert before.status_code == 200
             with ExitStack() as stack:
