@@ -77,13 +77,12 @@ async def _stopped_mid_stream(http: httpx.AsyncClient, workers: list[Worker], st
         first, payloads = asyncio.Event(), []
         stream = asyncio.create_task(_stream(http, f"drain deadline story {attempt}", 1800, first, payloads))
         await asyncio.wait_for(first.wait(), 120)
-        stopped = engines_stopped(w.proc.pid for w in workers)
-        stopped.__enter__()
-        await asyncio.sleep(0.5)  # what was sent before the stop arrives
-        if not stream.done():
-            stack.callback(stopped.__exit__, None, None, None)
-            return stream
-        stopped.__exit__(None, None, None)
+        with ExitStack() as this_attempt:
+            this_attempt.enter_context(engines_stopped(w.proc.pid for w in workers))
+            await asyncio.sleep(0.5)  # what was sent before the stop arrives
+            if not stream.done():
+                stack.enter_context(this_attempt.pop_all())
+                return stream
     raise AssertionError("the stream kept finishing before the engines were stopped")
 
 
@@ -94,10 +93,12 @@ async def test_at_the_deadline_streams_end_with_an_error_and_new_requests_get_50
         async with httpx.AsyncClient(base_url=gateway.url, timeout=60) as http, \
                 httpx.AsyncClient(base_url=gateway.url, timeout=60,
                                   event_hooks={"response": [_record_client_port]}) as keep_alive:
-            before = await keep_alive.get("/v1/models")  # opens the connection reused below
-            assert before.status_code == 200
             with ExitStack() as stack:
                 stream = await _stopped_mid_stream(http, workers, stack)
+                # Opened only now: the server closes a keep-alive connection idle for 5 s, and
+                # setting the stream up may take longer than that on a busy machine.
+                before = await keep_alive.get("/v1/models")
+                assert before.status_code == 200
                 gateway.proc.send_signal(signal.SIGTERM)
                 signalled = time.monotonic()
                 await asyncio.sleep(0.3)  # the signal is handled on the server's event loop
