@@ -26,7 +26,7 @@ import psutil
 import pytest
 
 from tests.integration.conftest import MODEL, Worker, gateway_over, vllm_workers
-from tests.integration.vllm_support import engine_group
+from tests.integration.vllm_support import engines_stopped
 from tests.servers import Server, metric_value
 
 pytestmark = [pytest.mark.integration, pytest.mark.vllm, pytest.mark.slow]
@@ -52,8 +52,6 @@ def _engine_server(worker: Worker) -> psutil.Process:
     return children[0]
 
 
-def _engine_group(worker: Worker) -> int:
-    return engine_group(worker.proc.pid)
 
 
 def _when_dead(proc: psutil.Process, out: dict[str, float]) -> None:
@@ -156,13 +154,9 @@ async def test_a_stopped_worker_mid_stream_is_given_up_after_the_stall_bound(pai
     async with httpx.AsyncClient(base_url=gateway.url, timeout=120) as http:
         streams, tasks = await _mid_stream(http, "stall", 200)
         victim = by_name[streams[0].worker]
-        group = _engine_group(victim)
-        os.killpg(group, signal.SIGSTOP)
-        stopped_at = time.monotonic()
-        try:
+        with engines_stopped([victim.proc.pid]):
+            stopped_at = time.monotonic()
             await asyncio.wait_for(tasks[0], STALL_S + 60)
-        finally:
-            os.killpg(group, signal.SIGCONT)
         took = streams[0].ended_at - stopped_at
         print(f"\nFAULT-TIMING SIGSTOP: stream ended {took:.2f} s after the stop (stall bound {STALL_S} s)")
         assert streams[0].error is not None and streams[0].payloads[-1] == "[DONE]", streams[0].payloads[-3:]

@@ -10,7 +10,7 @@ import openai
 import pytest
 
 from tests.integration.conftest import BLOCK, MODEL, Worker
-from tests.integration.vllm_support import engines_stopped, generation_tokens
+from tests.integration.vllm_support import generation_tokens, hung_up_while_stopped
 from tests.integration.vllm_support import metric_value as vllm_metric
 from tests.servers import Server, metric_value
 
@@ -104,16 +104,8 @@ async def _hang_up_mid_stream(http: httpx.AsyncClient, gateway: Server, workers:
             while not (line := await anext(lines)).startswith("data: {"):
                 pass
             assert '"finish_reason":null' in line
-            with engines_stopped([worker.proc.pid]):
-                try:
-                    while '"finish_reason":null' in (line := await asyncio.wait_for(anext(lines), 0.5)) \
-                            or not line.startswith("data: {"):
-                        pass
-                except TimeoutError:  # nothing more while the engine is stopped: mid-answer
-                    await r.aclose()  # hang up; vLLM sees it once it runs again
-                    return worker
-                except StopAsyncIteration:
-                    pass
+            if await hung_up_while_stopped(r, lines, worker.proc.pid):
+                return worker
         # the whole answer had been written out before the stop
     raise AssertionError("the answer kept finishing before its engine could be stopped")
 

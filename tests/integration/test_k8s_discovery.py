@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
-import signal
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -26,7 +24,7 @@ from gateway.app import build_state
 from gateway.discovery import K8sDiscovery, parse_discovery
 from gateway.settings import Settings
 from tests.integration.conftest import MODEL, Worker
-from tests.integration.vllm_support import engine_group
+from tests.integration.vllm_support import engines_stopped
 from tests.servers import Server, llm_only_repository, start_server
 from tests.standins.k8s_api_standin import K8sApiStandin, endpoint_slice
 
@@ -98,22 +96,18 @@ def test_a_worker_that_leaves_is_drained_then_removed_and_may_come_back(
     body = {"model": MODEL, "prompt": "A long answer", "max_tokens": 1500, "ignore_eos": True, "temperature": 0,
             "stream": True}
     session = _session_for(gateway, pod_b)
-    group = engine_group(worker_b.proc.pid)
     # Worker b's engine is stopped (SIGSTOP) before the request is sent, so the request is certainly
     # in flight on b while its pod is marked terminating: tiny-llama writes 1500 tokens in a few
     # seconds, and a stream started first could finish before the test looked.
-    os.killpg(group, signal.SIGSTOP)
     out: dict[str, Any] = {}
     reader = threading.Thread(target=_read_stream, args=(gateway, body, session, out), daemon=True)
-    try:
+    with engines_stopped([worker_b.proc.pid]):
         reader.start()
         _until(lambda: _workers(gateway)[pod_b]["in_flight"] == 1, 10)  # dispatched to b
         api.put(_slice(worker_b, pod_b, ready=False, terminating=True))  # the pod is terminating
         _until(lambda: _workers(gateway)[pod_b]["draining"], 10)
         assert set(_served_by(gateway, 3, "While b drains")) == {PODS[0]}
         assert _workers(gateway)[pod_b]["in_flight"] == 1  # kept while its request runs
-    finally:
-        os.killpg(group, signal.SIGCONT)
     reader.join(120)
     assert out.get("worker") == pod_b, out
     rest = out["lines"]  # the request in flight finished on the draining worker

@@ -39,8 +39,8 @@ from router.load import parse_vllm_metrics
 from tests.integration.conftest import BLOCK, MODEL
 from tests.integration.vllm_support import (
     ROOT,
-    engines_stopped,
     free_port_pair,
+    hung_up_while_stopped,
     stop_process,
     tiny_llama_dir,
     vllm_python,
@@ -407,16 +407,8 @@ async def _hang_up_mid_answer(worker: Contract) -> None:
                     pass
                 if worker.engine != "vllm":
                     return  # leaving the block disconnects
-                with engines_stopped([worker.proc.pid]):
-                    try:
-                        while '"finish_reason":null' in (line := await asyncio.wait_for(anext(lines), 0.5)) \
-                                or not line.startswith("data: {"):
-                            pass
-                    except TimeoutError:  # nothing more while the engine is stopped: mid-answer
-                        await r.aclose()
-                        return
-                    except StopAsyncIteration:
-                        pass
+                if await hung_up_while_stopped(r, lines, worker.proc.pid):
+                    return
     raise AssertionError("the answer kept finishing before its engine could be stopped")
 
 

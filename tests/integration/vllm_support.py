@@ -7,6 +7,7 @@ accept) with SmolLM2's real tokenizer and chat template, generated once into
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import re
@@ -16,7 +17,7 @@ import socket
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import AsyncIterator, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -163,3 +164,22 @@ def engines_stopped(launcher_pids: Iterable[int]) -> Iterator[None]:
     finally:
         for g in groups:
             os.killpg(g, signal.SIGCONT)
+
+
+async def hung_up_while_stopped(response: httpx.Response, lines: AsyncIterator[str], launcher_pid: int) -> bool:
+    """Hang up on a streamed answer that has sent a token, while its engine is held still
+    (SIGSTOP), so the answer is certainly unfinished when the client goes; the engine runs again
+    afterwards and sees the disconnect then. False when the rest of the answer had already
+    arrived within half a second of the stop (a busy test process reads late): the caller sets
+    its scenario up again."""
+    with engines_stopped([launcher_pid]):
+        try:
+            while '"finish_reason":null' in (line := await asyncio.wait_for(anext(lines), 0.5)) \
+                    or not line.startswith("data: {"):
+                pass
+        except TimeoutError:  # nothing more while the engine is stopped: mid-answer
+            await response.aclose()
+            return True
+        except StopAsyncIteration:
+            pass
+    return False
