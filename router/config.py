@@ -123,7 +123,8 @@ class LearningConfig:
     # that changes (a noisy neighbour, a restart on other hardware) is relearned in about this many.
     worker_memory: int = 256
     fleet_memory: int = 4096
-    # How many observations' worth of evidence the fleet's estimate counts for in a worker's fit.
+    # How many observations' worth of evidence the prior speed factor (1: the fleet's model as it
+    # is) counts for in a worker's own estimate.
     worker_prior_weight: float = 8.0
     # Refills of evicted blocks are tracked for this many evictions per worker (the KV-pressure term).
     eviction_memory: int = 16_384

@@ -12,7 +12,11 @@ observation costs O(k²) and the memory is O(k²), whatever the history.
 
 `dⱼ` is feature j's mean square, so the prior weighs as much as `prior_weight`
 observations for every coefficient whatever its units; a coefficient whose
-feature was never non-zero stays at its prior. Every coefficient of the cost is a
+feature was never non-zero stays at its prior. (With relative weights, dⱼ·Δ² is the
+mean squared relative error a deviation Δ in θⱼ makes per observation.) `dⱼ` is capped
+at 1/priorⱼ²: a prior whose term alone would be many times the observed values (one
+set for other hardware, 100 times too slow) then pulls no harder than `prior_weight`
+observations it misses by 100%, instead of outweighing thousands of real ones. Every coefficient of the cost is a
 time per unit of work, so it is never negative: the constrained problem is solved
 exactly (k is at most 4 here: every active set is tried, the KKT conditions pick the
 optimum).
@@ -56,7 +60,9 @@ class LinearFit:
             return tuple(float(v) for v in p)
         d = np.diag(self._a) / self.weight
         seen = d > 0.0
-        ridge = prior_weight * d
+        with np.errstate(divide="ignore"):
+            cap = np.where(p > 0.0, 1.0 / np.square(p), np.inf)
+        ridge = prior_weight * np.minimum(d, cap)
         m = self._a + np.diag(ridge)
         v = self._b + ridge * p
         theta = p.copy()

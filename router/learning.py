@@ -12,11 +12,16 @@ Two kinds of observation, both of which the router already sees:
   events remove, the fraction that is stored again later is the worker's
   `refill_ratio`, the chance that an evicted block was still needed.
 
-Each worker has its own fit; the fleet's fit sees every observation and is the
-prior of each worker's (weighted as `worker_prior_weight` observations), and
-`LearningConfig.prior` is the fleet's prior until anything was observed. So a
-new worker starts where its peers are and moves to what it does itself, and
-nothing set by hand outlives the first few dozen observations.
+The fleet has one fit of the four coefficients, over every worker's observations;
+`LearningConfig.prior` is its prior until anything was observed. A worker's model is the
+fleet's times one learned **speed factor** (1 for a worker like the fleet's average, 2 for
+one twice as slow), fitted to the worker's own observations on relative errors with a prior
+of 1 that weighs as `worker_prior_weight` observations. One scalar per worker, not four
+coefficients: the router takes the cheapest of many workers' predictions, and four loosely
+identified coefficients per worker (`pair_s` is seen only on the rare long prompt) make that
+minimum land on whichever worker's fit happens to be most optimistic. In virtual time at 64
+identical workers that put 3.8 times the mean work on one worker (`loadtests/routing_vtime.py`).
+A fleet of unlike machines is still learned, as a speed per worker.
 """
 
 from __future__ import annotations
@@ -24,6 +29,8 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass, field, fields
+
+import numpy as np
 
 from router.config import LearningConfig, TtftModel
 from router.cost import TtftFeatures
@@ -35,16 +42,22 @@ _MIN_TTFT_S = 1e-3  # relative weights of TTFTs below this are capped (a clock's
 
 @dataclass(slots=True)
 class _Worker:
-    ttft: LinearFit
-    model: TtftModel | None = None  # None: to be solved again
-    fleet_epoch: int = -1  # the fleet estimate `model` was solved against
+    # The speed factor's statistics, kept so that it is always computed against the fleet's
+    # current coefficients θ: with r = θ·x / y (the fleet's prediction over the actual TTFT) per
+    # observation, forgotten with the worker's memory, the factor s minimises Σ(1 - s·r)² + k(s - 1)²,
+    # and Σr = θ·Σ(x/y), Σr² = θᵀ·Σ(x xᵀ/y²)·θ.
+    x_over_y: np.ndarray = field(default_factory=lambda: np.zeros(4))
+    xx_over_yy: np.ndarray = field(default_factory=lambda: np.zeros((4, 4)))
+    observations: int = 0
+    model: TtftModel | None = None  # None: to be computed again
+    fleet_epoch: int = -1  # the fleet estimate `model` was computed from
     evicted: OrderedDict[int, None] = field(default_factory=OrderedDict)
     evictions: float = 0.0  # forgotten like the evicted set: per eviction
     refills: float = 0.0
 
 
 class CostLearner:
-    """Per-worker and fleet fits of the cost's coefficients. Not thread-safe; one per router."""
+    """The fleet's fit of the cost's coefficients and each worker's speed factor. Not thread-safe; one per router."""
 
     def __init__(self, config: LearningConfig) -> None:
         self.config = config
@@ -55,17 +68,29 @@ class CostLearner:
         self._workers: dict[str, _Worker] = {}
         self._evict_decay = 1.0 - 1.0 / config.eviction_memory
         self._error_decay = 1.0 - 1.0 / config.fleet_memory
+        self._worker_decay = 1.0 - 1.0 / config.worker_memory
         self._error_sum = self._error_weight = 0.0
 
     def model(self, worker: str) -> TtftModel:
-        """The worker's current coefficients (the fleet's for a worker never observed)."""
+        """The worker's current coefficients: the fleet's times its speed factor (the fleet's
+        own for a worker never observed)."""
         w = self._workers.get(worker)
         if w is None:
             return self._fleet
         if w.model is None or w.fleet_epoch != self._fleet_epoch:
-            w.model = TtftModel(*w.ttft.solve(_values(self._fleet), self.config.worker_prior_weight))
+            w.model = _scaled(self._fleet, self.speed(worker))
             w.fleet_epoch = self._fleet_epoch
         return w.model
+
+    def speed(self, worker: str) -> float:
+        """How much slower than the fleet's model the worker is (1: as predicted; 2: twice as slow)."""
+        w = self._workers.get(worker)
+        if w is None:
+            return 1.0
+        theta = np.asarray(_values(self._fleet))
+        k = self.config.worker_prior_weight
+        den = float(theta @ w.xx_over_yy @ theta) + k
+        return (float(theta @ w.x_over_y) + k) / den if den > 0 else 1.0
 
     @property
     def fleet(self) -> TtftModel:
@@ -73,12 +98,12 @@ class CostLearner:
 
     def observations(self, worker: str) -> int:
         w = self._workers.get(worker)
-        return 0 if w is None else w.ttft.observations
+        return 0 if w is None else w.observations
 
     def _worker(self, worker: str) -> _Worker:
         w = self._workers.get(worker)
         if w is None:
-            w = self._workers[worker] = _Worker(LinearFit(4, self.config.worker_memory))
+            w = self._workers[worker] = _Worker()
         return w
 
     @property
@@ -95,11 +120,13 @@ class CostLearner:
         self._error_sum = self._error_sum * self._error_decay + min(err, 1.0)
         self._error_weight = self._error_weight * self._error_decay + 1.0
         x = f.vector()
-        weight = 1.0 / max(ttft_s, _MIN_TTFT_S) ** 2
+        floor = max(ttft_s, _MIN_TTFT_S)
         w = self._worker(worker)
-        w.ttft.observe(x, ttft_s, weight)
+        if f.running == 0:  # alone on the worker: its speed, not how its queue happened to go
+            self._observe_speed(w, x, floor)
+        w.observations += 1
         w.model = None
-        self._fleet_fit.observe(x, ttft_s, weight)
+        self._fleet_fit.observe(x, ttft_s, 1.0 / floor**2)
         # Solving the fleet's fit invalidates every worker's model; with many workers, do it once
         # per round of observations rather than on each.
         self._since_fleet_solve += 1
@@ -107,6 +134,13 @@ class CostLearner:
             self._since_fleet_solve = 0
             self._fleet = TtftModel(*self._fleet_fit.solve(_values(self.config.prior), _FLEET_PRIOR_WEIGHT))
             self._fleet_epoch += 1
+
+    def _observe_speed(self, w: _Worker, x: tuple[float, ...], ttft_s: float) -> None:
+        v = np.asarray(x) / ttft_s
+        w.x_over_y *= self._worker_decay
+        w.x_over_y += v
+        w.xx_over_yy *= self._worker_decay
+        w.xx_over_yy += np.outer(v, v)
 
     def evicted(self, worker: str, hashes: Iterable[int]) -> None:
         """The worker's engine evicted these blocks (router hashes)."""
@@ -140,6 +174,10 @@ class CostLearner:
 
     def forget(self, worker: str) -> None:
         self._workers.pop(worker, None)
+
+
+def _scaled(model: TtftModel, factor: float) -> TtftModel:
+    return TtftModel(*(factor * v for v in _values(model)))
 
 
 def _values(model: TtftModel) -> tuple[float, ...]:

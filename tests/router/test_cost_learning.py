@@ -59,6 +59,21 @@ def test_fit_recovers_coefficients_and_keeps_them_nonnegative() -> None:
     assert 0.0 < shrunk[1] < theta[1]
 
 
+def test_a_prior_far_off_the_data_does_not_outweigh_it() -> None:
+    """A prior set for other hardware (here 100 times too slow per token) weighs like one
+    observation it misses by 100%, not like one whose error is the 100-fold term itself."""
+    rng = random.Random(4)
+    fit = LinearFit(3, memory=10_000)
+    for _ in range(300):
+        n, pairs = rng.randint(100, 8000), rng.randint(0, 40_000_000)
+        y = 0.005 + 1e-5 * n + 2e-9 * pairs
+        fit.observe((1.0, n, pairs), y, 1.0 / y**2)
+    latency, token, pair = fit.solve((0.0, 1e-3, 0.0), prior_weight=1.0)
+    assert latency == pytest.approx(0.005, rel=0.05)
+    assert token == pytest.approx(1e-5, rel=0.02)
+    assert pair == pytest.approx(2e-9, rel=0.05)
+
+
 def test_fit_without_observations_is_the_prior() -> None:
     fit = LinearFit(2, memory=8)
     assert fit.solve((0.25, 3.0), prior_weight=5.0) == (0.25, 3.0)
@@ -66,22 +81,45 @@ def test_fit_without_observations_is_the_prior() -> None:
         LinearFit(0, memory=8)
 
 
-def test_learner_learns_each_workers_rate_and_fleet_prior() -> None:
-    learner = CostLearner(LearningConfig(prior=TtftModel(token_s=1e-3)))
+def _true_ttft(f: TtftFeatures, speed: float) -> float:
+    return speed * (0.005 + 0.001 * f.running + 1e-5 * f.tokens + 2e-9 * f.pairs)
+
+
+def test_learner_learns_the_fleets_coefficients_and_each_workers_speed() -> None:
+    # A light prior on the speeds (1 observation's worth) so that they are their data's.
+    learner = CostLearner(LearningConfig(prior=TtftModel(token_s=1e-3), worker_prior_weight=1.0))
     rng = random.Random(2)
-    rates = {"fast": 1e-5, "slow": 4e-5}
-    for _ in range(300):
-        for w, token_s in rates.items():
-            f = TtftFeatures(rng.randint(0, 8), rng.randint(100, 8000), 0)
-            actual = 0.005 + 0.001 * f.running + token_s * f.tokens
-            learner.observe_ttft(w, f, actual, predict_ttft(learner.model(w), f))
-    assert learner.model("fast").token_s == pytest.approx(1e-5, rel=0.05)
-    assert learner.model("slow").token_s == pytest.approx(4e-5, rel=0.05)
+    speeds = {"fast": 1.0, "slow": 2.0}  # the slow machine takes twice as long for everything
+    for _ in range(400):
+        for w, speed in speeds.items():
+            n = rng.randint(100, 8000)
+            f = TtftFeatures(rng.choice((0, 0, 1, 4, 8)), n, attention_pairs(n, rng.randint(0, 4000)))
+            learner.observe_ttft(w, f, _true_ttft(f, speed), predict_ttft(learner.model(w), f))
+    assert learner.speed("slow") / learner.speed("fast") == pytest.approx(2.0, rel=0.05)
+    for w, speed in speeds.items():
+        for f in (TtftFeatures(0, 5000, attention_pairs(5000, 0)), TtftFeatures(0, 2000, attention_pairs(2000, 3000))):
+            assert predict_ttft(learner.model(w), f) == pytest.approx(_true_ttft(f, speed), rel=0.05)
     # A worker never observed starts where the fleet is, between the two, not at the 1e-3 prior.
-    assert 1e-5 < learner.model("new").token_s < 4e-5
-    f = TtftFeatures(4, 5000, 0)
-    assert predict_ttft(learner.model("slow"), f) == pytest.approx(0.005 + 0.004 + 4e-5 * 5000, rel=0.05)
+    assert learner.speed("new") == 1.0
+    assert 1e-5 < learner.model("new").token_s < 2e-5
     assert 0.0 < learner.relative_error < 1.0
+
+
+def test_a_workers_speed_is_learned_only_from_requests_it_ran_alone() -> None:
+    """Requests that queued behind others say how the queue went as much as how fast the worker
+    is; a worker whose queued requests happened to beat the fleet's prediction must not look
+    faster for it (the router would then send it ever more, and it would look faster still)."""
+    learner = CostLearner(LearningConfig())
+    rng = random.Random(3)
+    for _ in range(300):
+        for w in ("a", "b"):
+            n = rng.randint(100, 8000)
+            alone = TtftFeatures(0, n, attention_pairs(n, 0))
+            learner.observe_ttft(w, alone, _true_ttft(alone, 1.0), predict_ttft(learner.model(w), alone))
+        queued = TtftFeatures(6, 20_000, attention_pairs(20_000, 0))
+        learner.observe_ttft("b", queued, 0.5 * _true_ttft(queued, 1.0), predict_ttft(learner.model("b"), queued))
+    assert learner.speed("b") == pytest.approx(learner.speed("a"), rel=0.02)
+    assert learner.observations("b") == 600
 
 
 def test_refill_ratio_counts_evicted_blocks_stored_again() -> None:
