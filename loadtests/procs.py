@@ -8,6 +8,7 @@ used so far, from /proc, so a benchmark can say what each process spent per rela
 from __future__ import annotations
 
 import os
+import random
 import shutil
 import signal
 import socket
@@ -23,10 +24,13 @@ MODEL = "smollm2-135m-instruct"
 _TICK_S = 1.0 / os.sysconf("SC_CLK_TCK")
 
 
+_PORT_RNG = random.SystemRandom()
+
+
 def free_ports(n: int, span: int = 1) -> list[int]:
     """`n` base ports, each with `span` consecutive free ports after it (fleets use a range)."""
     out: list[int] = []
-    rng = __import__("random").Random(os.getpid() ^ int(time.time()))
+    rng = _PORT_RNG  # one generator per process: two calls in the same second must not pick the same ports
     while len(out) < n:
         base = rng.randrange(20000, 60000 - span)
         ok = True
