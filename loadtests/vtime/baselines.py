@@ -7,10 +7,12 @@
   Per worker it keeps an approximate tree of the prompts it was sent (here: the set of the
   prompts' 16-token block-chain hashes, never evicted, standing for a tree that is pruned
   only every 30 s down to 10,000 nodes). The load is each worker's requests in flight. The
-  fleet is *imbalanced* when ``max - min > balance_abs_threshold`` (32) **and**
-  ``max > balance_rel_threshold × min`` (1.1): then the least-loaded worker gets the request.
+  fleet is *imbalanced* when ``max - min > balance_abs_threshold`` (64) **and**
+  ``max > balance_rel_threshold × min`` (1.5): then the least-loaded worker gets the request.
   Otherwise the worker with the longest match gets it when its match ratio (matched tokens
-  over prompt tokens) exceeds `cache_threshold` (0.5), else the worker with the smallest tree.
+  over prompt tokens) exceeds `cache_threshold` (0.3), else the worker with the smallest tree.
+  The thresholds are the defaults vllm-router 0.1.17 reports when it starts (the live
+  experiments run it with them); SGLang's router documents 0.5, 32 and 1.1.
   The real router matches characters of the text; this model matches tokens at 16-token
   granularity, and it sees in-flight counts exactly, as the real one does from its own proxy.
 """
@@ -39,9 +41,9 @@ def longest_prefix(router: Router, model: str, prompt: Sequence[int], session_ke
 class CacheAwareModel:
     """A chooser (see `fleet.Chooser`) modelling vllm-router's `cache_aware`; one per run."""
 
-    cache_threshold: float = 0.5
-    balance_abs_threshold: int = 32
-    balance_rel_threshold: float = 1.1
+    cache_threshold: float = 0.3
+    balance_abs_threshold: int = 64
+    balance_rel_threshold: float = 1.5
     trees: dict[str, set[int]] = field(default_factory=dict)
 
     def __call__(self, router: Router, model: str, prompt: Sequence[int], session_key: str) -> Ranking:

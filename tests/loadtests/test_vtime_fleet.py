@@ -66,13 +66,17 @@ def test_kv_events_are_the_same_through_msgpack() -> None:
 
 
 def test_cache_aware_model_rules() -> None:
-    m = CacheAwareModel()
+    m = CacheAwareModel()  # vllm-router 0.1.17's defaults: 0.3 match threshold, 64 / 1.5 balance
     names = ["a", "b", "c"]
     chain = [1, 2, 3, 4]
     m.trees = {"a": {1, 2, 3}, "b": {1}, "c": set()}
-    # Balanced: the longest match wins when it covers more than half the prompt (3 of 4 blocks of 16).
+    # Balanced: the longest match wins when it covers more than 0.3 of the prompt (2 of 4 blocks of 16).
     assert m.choose(names, {"a": 5, "b": 0, "c": 0}, chain, 64) == "a"
-    # Below the threshold: the smallest tree.
+    m.trees["a"] = {1, 2}
+    assert m.choose(names, {}, chain, 64) == "a"
+    # Below the threshold (1 of 4): the smallest tree.
     assert m.choose(names, {}, [1, 9, 9, 9], 64) == "c"
-    # Imbalanced (max - min > 32 and max > 1.1 x min): the least loaded, whatever the cache.
-    assert m.choose(names, {"a": 40, "b": 3, "c": 7}, chain, 64) == "b"
+    # Imbalanced (max - min > 64 and max > 1.5 x min): the least loaded, whatever the cache.
+    assert m.choose(names, {"a": 80, "b": 3, "c": 7}, chain, 64) == "b"
+    # Not imbalanced by the absolute threshold (60 - 3 <= 64): the cache decides.
+    assert m.choose(names, {"a": 60, "b": 3, "c": 7}, chain, 64) == "a"
