@@ -76,8 +76,7 @@ def test_cached_tokens_reach_the_client(gateway: Server) -> None:
 
 async def test_disconnect_aborts_on_the_vllm_worker(gateway: Server, workers: list[Worker]) -> None:
     async with httpx.AsyncClient(timeout=120) as http:
-        before = {w.name: generation_tokens((await http.get(w.url + "/metrics")).text) for w in workers}
-        worker = await _hang_up_mid_stream(http, gateway, workers)
+        worker, before = await _hang_up_mid_stream(http, gateway, workers)
         running = 1.0
         for _ in range(100):
             text = (await http.get(worker.url + "/metrics")).text
@@ -85,17 +84,21 @@ async def test_disconnect_aborts_on_the_vllm_worker(gateway: Server, workers: li
             if running == 0:
                 break
             await asyncio.sleep(0.1)
-        generated = generation_tokens((await http.get(worker.url + "/metrics")).text) - before[worker.name]
+        generated = generation_tokens((await http.get(worker.url + "/metrics")).text) - before
     assert running == 0
     assert generated < 1900  # vLLM stopped early: the request was aborted, it did not run to the end
 
 
-async def _hang_up_mid_stream(http: httpx.AsyncClient, gateway: Server, workers: list[Worker]) -> Worker:
+async def _hang_up_mid_stream(http: httpx.AsyncClient, gateway: Server, workers: list[Worker]
+                              ) -> tuple[Worker, float]:
     """Open a long stream, stop its worker's engine (SIGSTOP) once it has sent a token, drop the
-    connection while the engine is certainly mid-answer, then resume the engine. tiny-llama can
-    write all 1900 tokens before a busy test process reads the first one; then (the rest of the
-    answer already read within half a second of the stop) the scenario is set up again."""
+    connection while the engine is certainly mid-answer, then resume the engine. Returns the worker
+    and its generated-token count from just before that stream's request. tiny-llama can write all
+    1900 tokens before a busy test process reads the first one; then (the rest of the answer already
+    read within half a second of the stop) the scenario is set up again, and that answer is not
+    counted."""
     for attempt in range(3):
+        before = await _idle_generation_tokens(http, workers)
         body = {"model": MODEL, "prompt": list(range(700 + attempt, 740)), "max_tokens": 1900, "ignore_eos": True,
                 "stream": True}
         async with http.stream("POST", gateway.url + "/v1/completions", json=body) as r:
@@ -105,9 +108,20 @@ async def _hang_up_mid_stream(http: httpx.AsyncClient, gateway: Server, workers:
                 pass
             assert '"finish_reason":null' in line
             if await hung_up_while_stopped(r, lines, worker.proc.pid):
-                return worker
+                return worker, before[worker.name]
         # the whole answer had been written out before the stop
     raise AssertionError("the answer kept finishing before its engine could be stopped")
+
+
+async def _idle_generation_tokens(http: httpx.AsyncClient, workers: list[Worker]) -> dict[str, float]:
+    """Each worker's generated-token count once nothing runs on any of them (bounded wait), so that
+    an answer still finishing is counted in full before a new request starts."""
+    for _ in range(100):
+        texts = [(await http.get(w.url + "/metrics")).text for w in workers]
+        if all(vllm_metric(t, "vllm:num_requests_running") == 0 for t in texts):
+            break
+        await asyncio.sleep(0.1)
+    return {w.name: generation_tokens(t) for w, t in zip(workers, texts, strict=True)}
 
 
 def _kv_events(gateway: Server, workers: list[Worker]) -> dict[str, float]:

@@ -386,19 +386,22 @@ def test_a_disconnect_aborts_a_streamed_request(worker: Contract) -> None:
     # Streamed only: that is how the gateway talks to workers. vLLM 0.32 was seen to finish a
     # non-streamed completion whose client had gone (all 1900 tokens), so that is no part of the
     # contract; the sim's own handling of it is tested in test_sim_fleet.py.
-    before = _value(_metrics(worker), "vllm:generation_tokens_total")
-    asyncio.run(_hang_up_mid_answer(worker))
+    before = asyncio.run(_hang_up_mid_answer(worker))
     assert _settles_idle(worker) == 0
     assert _value(_metrics(worker), "vllm:generation_tokens_total") - before < 1900
 
 
-async def _hang_up_mid_answer(worker: Contract) -> None:
-    """Hang up on a long streamed answer while it is certainly unfinished. Real vLLM's engine is
-    held still (SIGSTOP) once a token has come, since tiny-llama can write all 1900 tokens before
-    a busy test process reads the first; if the rest had already arrived within half a second of
-    the stop, the scenario is set up again. The sim's pace is modelled, so it is not stopped."""
+async def _hang_up_mid_answer(worker: Contract) -> float:
+    """Hang up on a long streamed answer while it is certainly unfinished, and return the worker's
+    generated-token count from just before that answer's request. Real vLLM's engine is held still
+    (SIGSTOP) once a token has come, since tiny-llama can write all 1900 tokens before a busy test
+    process reads the first; if the rest had already arrived within half a second of the stop, the
+    scenario is set up again (and that whole answer is not counted). The sim's pace is modelled,
+    so it is not stopped."""
     async with httpx.AsyncClient(timeout=120) as http:
         for attempt in range(3):
+            _settles_idle(worker)  # an earlier attempt's answer is counted in full before the next
+            before = _value(_metrics(worker), "vllm:generation_tokens_total")
             body = {"model": MODEL, "prompt": _prompt(11 + attempt, 40), "max_tokens": 1900, "ignore_eos": True,
                     "stream": True}
             async with http.stream("POST", worker.url + "/v1/completions", json=body) as r:
@@ -406,9 +409,9 @@ async def _hang_up_mid_answer(worker: Contract) -> None:
                 while not (await anext(lines)).startswith("data: {"):
                     pass
                 if worker.engine != "vllm":
-                    return  # leaving the block disconnects
+                    return before  # leaving the block disconnects
                 if await hung_up_while_stopped(r, lines, worker.proc.pid):
-                    return
+                    return before
     raise AssertionError("the answer kept finishing before its engine could be stopped")
 
 
