@@ -28,12 +28,15 @@ pytestmark = [pytest.mark.integration, pytest.mark.vllm]
 
 
 async def _stream(http: httpx.AsyncClient, prompt: str, max_tokens: int, first: asyncio.Event,
-                  payloads: list[str] | None = None) -> list[str]:
+                  payloads: list[str] | None = None, on_headers: bool = False) -> list[str]:
+    """Stream a completion; `first` is set on its first event (or as soon as its headers came)."""
     body = {"model": MODEL, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True,
             "stream": True}
     payloads = [] if payloads is None else payloads
     async with http.stream("POST", "/v1/completions", json=body) as r:
         assert r.status_code == 200
+        if on_headers:
+            first.set()
         async for line in r.aiter_lines():
             if line.startswith("data: "):
                 payloads.append(line[6:])
@@ -73,9 +76,11 @@ async def _stopped_mid_stream(http: httpx.AsyncClient, workers: list[Worker], st
     """A long stream under way with every engine stopped (SIGSTOP) before it could finish, so it is
     certainly still running at the drain deadline; `stack` resumes the engines. If the stream had
     already been written out whole by then (a busy test process reads late), it is set up again."""
-    for attempt in range(3):
+    for attempt in range(6):
         first, payloads = asyncio.Event(), []
-        stream = asyncio.create_task(_stream(http, f"drain deadline story {attempt}", 1800, first, payloads))
+        # The engines are stopped as soon as the answer's headers come, before the test reads any of it.
+        stream = asyncio.create_task(_stream(http, f"drain deadline story {attempt}", 1800, first, payloads,
+                                             on_headers=True))
         await asyncio.wait_for(first.wait(), 120)
         with ExitStack() as this_attempt:
             this_attempt.enter_context(engines_stopped(w.proc.pid for w in workers))
