@@ -32,6 +32,7 @@ Constraints on generated cases, and why (`constrain` below):
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from collections import Counter
 from collections.abc import Iterator
@@ -134,7 +135,9 @@ def error_in_protocol_shape(ctx: Any, response: schemathesis.Response, case: Cas
 def sse_well_formed(ctx: Any, response: schemathesis.Response, case: Case) -> None:
     if not response.headers.get("content-type", [""])[0].startswith("text/event-stream"):
         return
-    data = [line[5:].strip() for line in response.text.splitlines() if line.startswith("data:")]
+    # SSE lines end only at CR, LF or CRLF; str.splitlines would also split a generated text's raw
+    # U+2028 or NEL, which JSON does not escape.
+    data = [line[5:].strip() for line in re.split(r"\r\n|\r|\n", response.text) if line.startswith("data:")]
     assert data, "an event stream without events"
     openai = not case.path.startswith("/v2")
     if openai:
