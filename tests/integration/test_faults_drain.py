@@ -21,7 +21,7 @@ import httpx
 import pytest
 
 from tests.integration.conftest import MODEL, Worker, gateway_over
-from tests.integration.vllm_support import engines_stopped
+from tests.integration.vllm_support import held_mid_stream
 from tests.servers import Server
 
 pytestmark = [pytest.mark.integration, pytest.mark.vllm]
@@ -82,12 +82,8 @@ async def _stopped_mid_stream(http: httpx.AsyncClient, workers: list[Worker], st
         stream = asyncio.create_task(_stream(http, f"drain deadline story {attempt}", 1800, first, payloads,
                                              on_headers=True))
         await asyncio.wait_for(first.wait(), 120)
-        with ExitStack() as this_attempt:
-            this_attempt.enter_context(engines_stopped(w.proc.pid for w in workers))
-            await asyncio.sleep(0.5)  # what was sent before the stop arrives
-            if not stream.done():
-                stack.enter_context(this_attempt.pop_all())
-                return stream
+        if await held_mid_stream(stream, [w.proc.pid for w in workers], stack):
+            return stream
     raise AssertionError("the stream kept finishing before the engines were stopped")
 
 

@@ -19,6 +19,7 @@ import signal
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 
 import httpx
@@ -26,7 +27,7 @@ import psutil
 import pytest
 
 from tests.integration.conftest import MODEL, Worker, gateway_over, vllm_workers
-from tests.integration.vllm_support import engine_group
+from tests.integration.vllm_support import held_mid_stream
 from tests.servers import Server, metric_value
 
 pytestmark = [pytest.mark.integration, pytest.mark.vllm, pytest.mark.slow]
@@ -120,10 +121,10 @@ async def _two_streams(http: httpx.AsyncClient, tag: str, long_tokens: int, shor
     return streams, tasks
 
 
-async def _mid_stream(http: httpx.AsyncClient, tag: str, short_tokens: int, by_name: dict[str, Worker]
-                      ) -> tuple[list[Stream], list[asyncio.Task[None]], int]:
-    """Two streams under way, and the long one's engine held still (SIGSTOP; its process group is
-    returned) while that stream is certainly unfinished, so the fault lands mid-stream. On a loaded
+async def _mid_stream(http: httpx.AsyncClient, tag: str, short_tokens: int, by_name: dict[str, Worker],
+                      stack: ExitStack) -> tuple[list[Stream], list[asyncio.Task[None]]]:
+    """Two streams under way, and the long one's engine held still (SIGSTOP, until `stack` closes)
+    while that stream is certainly unfinished, so the fault lands mid-stream. On a loaded
     machine the second stream can start so late that the first has (nearly) finished, and what the
     engine wrote before the stop may still be in the sockets' buffers; if the long stream ends
     within half a second of the stop, the scenario is set up again (at most three times)."""
@@ -131,13 +132,9 @@ async def _mid_stream(http: httpx.AsyncClient, tag: str, short_tokens: int, by_n
     for attempt in range(3):
         streams, tasks = await _two_streams(http, f"{tag} {attempt}", long_tokens, short_tokens)
         # Tokens, not events: the gateway merges the tokens that arrive together into one event.
-        if not tasks[0].done() and streams[0].tokens < long_tokens // 2:
-            group = engine_group(by_name[streams[0].worker].proc.pid)
-            os.killpg(group, signal.SIGSTOP)
-            await asyncio.sleep(0.5)
-            if not tasks[0].done():
-                return streams, tasks, group
-            os.killpg(group, signal.SIGCONT)
+        if not tasks[0].done() and streams[0].tokens < long_tokens // 2 \
+                and await held_mid_stream(tasks[0], [by_name[streams[0].worker].proc.pid], stack):
+            return streams, tasks
         await asyncio.wait_for(asyncio.gather(*tasks), 120)
     raise AssertionError("the long stream kept finishing before the fault")
 
@@ -159,13 +156,11 @@ async def test_a_stopped_worker_mid_stream_is_given_up_after_the_stall_bound(pai
     gateway, workers = pair
     by_name = {w.name: w for w in workers}
     async with httpx.AsyncClient(base_url=gateway.url, timeout=120) as http:
-        streams, tasks, group = await _mid_stream(http, "stall", 200, by_name)
-        victim = by_name[streams[0].worker]
-        stopped_at = time.monotonic() - 0.5
-        try:
+        with ExitStack() as held:
+            streams, tasks = await _mid_stream(http, "stall", 200, by_name, held)
+            victim = by_name[streams[0].worker]
+            stopped_at = time.monotonic() - 0.5
             await asyncio.wait_for(tasks[0], STALL_S + 60)
-        finally:
-            os.killpg(group, signal.SIGCONT)
         took = streams[0].ended_at - stopped_at
         print(f"\nFAULT-TIMING SIGSTOP: stream ended {took:.2f} s after the stop (stall bound {STALL_S} s)")
         assert streams[0].error is not None and streams[0].payloads[-1] == "[DONE]", streams[0].payloads[-3:]
@@ -182,11 +177,13 @@ async def test_a_killed_worker_mid_stream_ends_its_stream_at_once_and_traffic_mo
         await _until_healthy(gateway, w.name, True)
     retries_before = _metric(gateway, "sluice_request_retries_total", {"model": MODEL})
     async with httpx.AsyncClient(base_url=gateway.url, timeout=120) as http:
-        streams, tasks, _ = await _mid_stream(http, "kill", 300, by_name)  # the engine is held still
+        held = ExitStack()  # the engine is held still until it is killed
+        streams, tasks = await _mid_stream(http, "kill", 300, by_name, held)
         victim = by_name[streams[0].worker]
         survivor = streams[1].worker
         server, dead = _engine_server(victim), {}
         os.killpg(os.getpgid(server.pid), signal.SIGKILL)
+        held.close()  # nothing to resume: the engine is gone
         killed_at = time.monotonic()
         _when_dead(server, dead)
         await asyncio.wait_for(tasks[0], 30)

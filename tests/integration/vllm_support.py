@@ -18,8 +18,9 @@ import subprocess
 import tempfile
 import time
 from collections.abc import AsyncIterator, Iterable, Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -163,7 +164,25 @@ def engines_stopped(launcher_pids: Iterable[int]) -> Iterator[None]:
         yield
     finally:
         for g in groups:
-            os.killpg(g, signal.SIGCONT)
+            try:
+                os.killpg(g, signal.SIGCONT)
+            except ProcessLookupError:  # the test killed the engine while it was held
+                pass
+
+
+async def held_mid_stream(stream: asyncio.Future[Any], launcher_pids: Iterable[int], stack: ExitStack) -> bool:
+    """Stop these launchers' engines (SIGSTOP) and wait half a second for what they wrote before
+    the stop to arrive. True if `stream` is still open then, so it is certainly unfinished: the
+    engines stay held until `stack` closes. False (engines resumed) if it had already been written
+    out whole, as a busy test process may read an answer only after tiny-llama finished it; the
+    caller then sets its scenario up again."""
+    with ExitStack() as attempt:
+        attempt.enter_context(engines_stopped(launcher_pids))
+        await asyncio.sleep(0.5)
+        if stream.done():
+            return False
+        stack.enter_context(attempt.pop_all())
+        return True
 
 
 async def hung_up_while_stopped(response: httpx.Response, lines: AsyncIterator[str], launcher_pid: int) -> bool:
