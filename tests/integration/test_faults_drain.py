@@ -21,22 +21,20 @@ import httpx
 import pytest
 
 from tests.integration.conftest import MODEL, Worker, gateway_over
-from tests.integration.vllm_support import held_mid_stream
+from tests.integration.vllm_support import EngineBrake, held_mid_stream
 from tests.servers import Server
 
 pytestmark = [pytest.mark.integration, pytest.mark.vllm]
 
 
 async def _stream(http: httpx.AsyncClient, prompt: str, max_tokens: int, first: asyncio.Event,
-                  payloads: list[str] | None = None, on_headers: bool = False) -> list[str]:
-    """Stream a completion; `first` is set on its first event (or as soon as its headers came)."""
+                  payloads: list[str] | None = None) -> list[str]:
+    """Stream a completion; `first` is set on its first event."""
     body = {"model": MODEL, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True,
             "stream": True}
     payloads = [] if payloads is None else payloads
     async with http.stream("POST", "/v1/completions", json=body) as r:
         assert r.status_code == 200
-        if on_headers:
-            first.set()
         async for line in r.aiter_lines():
             if line.startswith("data: "):
                 payloads.append(line[6:])
@@ -73,17 +71,18 @@ async def _record_client_port(r: httpx.Response) -> None:
 
 async def _stopped_mid_stream(http: httpx.AsyncClient, workers: list[Worker], stack: ExitStack
                               ) -> asyncio.Task[list[str]]:
-    """A long stream under way with every engine stopped (SIGSTOP) before it could finish, so it is
-    certainly still running at the drain deadline; `stack` resumes the engines. If the stream had
-    already been written out whole by then (a busy test process reads late), it is set up again."""
+    """A long stream under way with every engine held still (SIGSTOP) before it could finish, so it
+    is certainly still running at the drain deadline; `stack` resumes the engines. They are braked
+    while the stream starts (see `EngineBrake`); if it still ends instead of going quiet once held,
+    it is set up again."""
+    brake = stack.enter_context(EngineBrake([w.proc.pid for w in workers]))
     for attempt in range(6):
         first, payloads = asyncio.Event(), []
-        # The engines are stopped as soon as the answer's headers come, before the test reads any of it.
-        stream = asyncio.create_task(_stream(http, f"drain deadline story {attempt}", 1800, first, payloads,
-                                             on_headers=True))
+        stream = asyncio.create_task(_stream(http, f"drain deadline story {attempt}", 1800, first, payloads))
         await asyncio.wait_for(first.wait(), 120)
-        if await held_mid_stream(stream, [w.proc.pid for w in workers], stack):
+        if await held_mid_stream(stream, lambda p=payloads: len(p), brake, [w.proc.pid for w in workers]):
             return stream
+        await stream
     raise AssertionError("the stream kept finishing before the engines were stopped")
 
 

@@ -27,7 +27,7 @@ import psutil
 import pytest
 
 from tests.integration.conftest import MODEL, Worker, gateway_over, vllm_workers
-from tests.integration.vllm_support import held_mid_stream
+from tests.integration.vllm_support import EngineBrake, engines_stopped, held_mid_stream
 from tests.servers import Server, metric_value
 
 pytestmark = [pytest.mark.integration, pytest.mark.vllm, pytest.mark.slow]
@@ -124,18 +124,22 @@ async def _two_streams(http: httpx.AsyncClient, tag: str, long_tokens: int, shor
 async def _mid_stream(http: httpx.AsyncClient, tag: str, short_tokens: int, by_name: dict[str, Worker],
                       stack: ExitStack) -> tuple[list[Stream], list[asyncio.Task[None]]]:
     """Two streams under way, and the long one's engine held still (SIGSTOP, until `stack` closes)
-    while that stream is certainly unfinished, so the fault lands mid-stream. On a loaded
-    machine the second stream can start so late that the first has (nearly) finished, and what the
-    engine wrote before the stop may still be in the sockets' buffers; if the long stream ends
-    within half a second of the stop, the scenario is set up again (at most three times)."""
+    while that stream is certainly unfinished, so the fault lands mid-stream. The engines are
+    braked while the streams start (see `EngineBrake`), since on a loaded machine tiny-llama can
+    finish the long answer before the short one's first token; if the long stream still ends
+    instead of going quiet once held, the scenario is set up again (at most three times)."""
     long_tokens = 1900
+    brake = stack.enter_context(EngineBrake([w.proc.pid for w in by_name.values()]))
     for attempt in range(3):
         streams, tasks = await _two_streams(http, f"{tag} {attempt}", long_tokens, short_tokens)
         # Tokens, not events: the gateway merges the tokens that arrive together into one event.
         if not tasks[0].done() and streams[0].tokens < long_tokens // 2 \
-                and await held_mid_stream(tasks[0], [by_name[streams[0].worker].proc.pid], stack):
+                and await held_mid_stream(tasks[0], lambda s=streams[0]: len(s.payloads), brake,
+                                          [by_name[streams[0].worker].proc.pid]):
             return streams, tasks
-        await asyncio.wait_for(asyncio.gather(*tasks), 120)
+        for t in tasks:  # hanging up aborts them: braked, they would take minutes
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
     raise AssertionError("the long stream kept finishing before the fault")
 
 
@@ -159,7 +163,9 @@ async def test_a_stopped_worker_mid_stream_is_given_up_after_the_stall_bound(pai
         with ExitStack() as held:
             streams, tasks = await _mid_stream(http, "stall", 200, by_name, held)
             victim = by_name[streams[0].worker]
-            stopped_at = time.monotonic() - 0.5
+            # Now the API server too: the worker's connection stays open and sends nothing.
+            held.enter_context(engines_stopped([victim.proc.pid], api_server=True))
+            stopped_at = time.monotonic()
             await asyncio.wait_for(tasks[0], STALL_S + 60)
         took = streams[0].ended_at - stopped_at
         print(f"\nFAULT-TIMING SIGSTOP: stream ended {took:.2f} s after the stop (stall bound {STALL_S} s)")

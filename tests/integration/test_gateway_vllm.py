@@ -10,7 +10,7 @@ import openai
 import pytest
 
 from tests.integration.conftest import BLOCK, MODEL, Worker
-from tests.integration.vllm_support import generation_tokens, hung_up_while_stopped
+from tests.integration.vllm_support import EngineBrake, generation_tokens, hung_up_while_stopped
 from tests.integration.vllm_support import metric_value as vllm_metric
 from tests.servers import Server, metric_value
 
@@ -91,25 +91,25 @@ async def test_disconnect_aborts_on_the_vllm_worker(gateway: Server, workers: li
 
 async def _hang_up_mid_stream(http: httpx.AsyncClient, gateway: Server, workers: list[Worker]
                               ) -> tuple[Worker, float]:
-    """Open a long stream, stop its worker's engine (SIGSTOP) once it has sent a token, drop the
-    connection while the engine is certainly mid-answer, then resume the engine. Returns the worker
-    and its generated-token count from just before that stream's request. tiny-llama can write all
-    1900 tokens before a busy test process reads the first one; then (the rest of the answer already
-    read within half a second of the stop) the scenario is set up again, and that answer is not
-    counted."""
-    for attempt in range(3):
-        before = await _idle_generation_tokens(http, workers)
-        body = {"model": MODEL, "prompt": list(range(700 + attempt, 740)), "max_tokens": 1900, "ignore_eos": True,
-                "stream": True}
-        async with http.stream("POST", gateway.url + "/v1/completions", json=body) as r:
-            worker = _by_name(workers, r.headers["x-sluice-worker"])
-            lines = r.aiter_lines()
-            while not (line := await anext(lines)).startswith("data: {"):
-                pass
-            assert '"finish_reason":null' in line
-            if await hung_up_while_stopped(r, lines, worker.proc.pid):
-                return worker, before[worker.name]
-        # the whole answer had been written out before the stop
+    """Open a long stream with the engines braked (see `EngineBrake`), hold its worker's engine
+    still once it has sent a token, drop the connection once the answer has gone quiet (certainly
+    mid-answer), then let the engine run. Returns the worker and its generated-token count from
+    just before that stream's request. If the answer ended instead of going quiet, the scenario is
+    set up again, and that answer is not counted."""
+    with EngineBrake([w.proc.pid for w in workers]) as brake:
+        for attempt in range(3):
+            before = await _idle_generation_tokens(http, workers)
+            body = {"model": MODEL, "prompt": list(range(700 + attempt, 740)), "max_tokens": 1900,
+                    "ignore_eos": True, "stream": True}
+            async with http.stream("POST", gateway.url + "/v1/completions", json=body) as r:
+                worker = _by_name(workers, r.headers["x-sluice-worker"])
+                lines = r.aiter_lines()
+                while not (line := await anext(lines)).startswith("data: {"):
+                    pass
+                assert '"finish_reason":null' in line
+                if await hung_up_while_stopped(r, lines, brake, worker.proc.pid):
+                    return worker, before[worker.name]
+            # the whole answer had been written out before the hold
     raise AssertionError("the answer kept finishing before its engine could be stopped")
 
 

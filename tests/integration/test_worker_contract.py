@@ -21,6 +21,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -39,6 +40,7 @@ from router.load import parse_vllm_metrics
 from tests.integration.conftest import BLOCK, MODEL
 from tests.integration.vllm_support import (
     ROOT,
+    EngineBrake,
     free_port_pair,
     hung_up_while_stopped,
     stop_process,
@@ -393,25 +395,25 @@ def test_a_disconnect_aborts_a_streamed_request(worker: Contract) -> None:
 
 async def _hang_up_mid_answer(worker: Contract) -> float:
     """Hang up on a long streamed answer while it is certainly unfinished, and return the worker's
-    generated-token count from just before that answer's request. Real vLLM's engine is held still
-    (SIGSTOP) once a token has come, since tiny-llama can write all 1900 tokens before a busy test
-    process reads the first; if the rest had already arrived within half a second of the stop, the
-    scenario is set up again (and that whole answer is not counted). The sim's pace is modelled,
-    so it is not stopped."""
+    generated-token count from just before that answer's request. Real vLLM's engine is braked
+    (see `EngineBrake`) and held still once a token has come, and the client hangs up once the
+    answer has gone quiet; if it ended instead, the scenario is set up again (and that whole answer
+    is not counted). The sim's pace is modelled, so it is not braked."""
     async with httpx.AsyncClient(timeout=120) as http:
-        for attempt in range(3):
-            _settles_idle(worker)  # an earlier attempt's answer is counted in full before the next
-            before = _value(_metrics(worker), "vllm:generation_tokens_total")
-            body = {"model": MODEL, "prompt": _prompt(11 + attempt, 40), "max_tokens": 1900, "ignore_eos": True,
-                    "stream": True}
-            async with http.stream("POST", worker.url + "/v1/completions", json=body) as r:
-                lines = r.aiter_lines()
-                while not (await anext(lines)).startswith("data: {"):
-                    pass
-                if worker.engine != "vllm":
-                    return before  # leaving the block disconnects
-                if await hung_up_while_stopped(r, lines, worker.proc.pid):
-                    return before
+        with EngineBrake([worker.proc.pid]) if worker.engine == "vllm" else nullcontext() as brake:
+            for attempt in range(3):
+                _settles_idle(worker)  # an earlier attempt's answer is counted in full before the next
+                before = _value(_metrics(worker), "vllm:generation_tokens_total")
+                body = {"model": MODEL, "prompt": _prompt(11 + attempt, 40), "max_tokens": 1900,
+                        "ignore_eos": True, "stream": True}
+                async with http.stream("POST", worker.url + "/v1/completions", json=body) as r:
+                    lines = r.aiter_lines()
+                    while not (await anext(lines)).startswith("data: {"):
+                        pass
+                    if brake is None:
+                        return before  # leaving the block disconnects
+                    if await hung_up_while_stopped(r, lines, brake, worker.proc.pid):
+                        return before
     raise AssertionError("the answer kept finishing before its engine could be stopped")
 
 

@@ -16,9 +16,10 @@ import signal
 import socket
 import subprocess
 import tempfile
+import threading
 import time
-from collections.abc import AsyncIterator, Iterable, Iterator
-from contextlib import ExitStack, contextmanager
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -141,64 +142,147 @@ def generation_tokens(metrics_text: str) -> float:
     return metric_value(metrics_text, "vllm:generation_tokens_total")
 
 
-def engine_group(launcher_pid: int) -> int:
-    """The process group of the vLLM server a launcher started (it leads its own group), so a test
-    can stop or kill the engine itself; the launcher's own group does not contain it."""
+def engine_processes(launcher_pid: int) -> list[Any]:
+    """The processes under the vLLM server a launcher started: its engine core, the engine core's
+    model worker, and multiprocessing's resource tracker. Not the API server itself."""
     import psutil
 
     children = psutil.Process(launcher_pid).children()
     assert children, "the launcher has no vLLM child"
-    return os.getpgid(children[0].pid)
+    engine = children[0].children(recursive=True)
+    assert engine, "the vLLM server has no engine process"
+    return engine
 
 
 @contextmanager
-def engines_stopped(launcher_pids: Iterable[int]) -> Iterator[None]:
+def engines_stopped(launcher_pids: Iterable[int], api_server: bool = False) -> Iterator[None]:
     """The vLLM engines of these launchers held still (SIGSTOP) for the block, then resumed. A test
     uses it so a request is certainly still unfinished while it injects a fault: tiny-llama on a
     quiet machine writes a whole 2k-token answer in a few seconds, sooner than a busy test process
-    may read its first line."""
-    groups = [engine_group(pid) for pid in launcher_pids]
-    for g in groups:
-        os.killpg(g, signal.SIGSTOP)
+    may read its first line.
+
+    By default only the engine side stops (engine core and model worker); vLLM's API server runs on,
+    so what the engine generated before the stop still reaches the client, and a stream that goes
+    quiet is certainly mid-answer. (When the whole server was stopped, a finished answer could sit
+    in the stopped API server and look unfinished.) `api_server=True` stops the server too: its
+    connections stay open and send nothing."""
+    import psutil
+
+    launchers = list(launcher_pids)
+    procs = [p for pid in launchers for p in engine_processes(pid)]
+    if api_server:
+        procs += [psutil.Process(pid).children()[0] for pid in launchers]
+    for p in procs:
+        p.send_signal(signal.SIGSTOP)
     try:
         yield
     finally:
-        for g in groups:
+        for p in procs:
             try:
-                os.killpg(g, signal.SIGCONT)
-            except ProcessLookupError:  # the test killed the engine while it was held
+                p.send_signal(signal.SIGCONT)
+            except psutil.NoSuchProcess:  # the test killed the engine while it was held
                 pass
 
 
-async def held_mid_stream(stream: asyncio.Future[Any], launcher_pids: Iterable[int], stack: ExitStack) -> bool:
-    """Stop these launchers' engines (SIGSTOP) and wait half a second for what they wrote before
-    the stop to arrive. True if `stream` is still open then, so it is certainly unfinished: the
-    engines stay held until `stack` closes. False (engines resumed) if it had already been written
-    out whole, as a busy test process may read an answer only after tiny-llama finished it; the
-    caller then sets its scenario up again."""
-    with ExitStack() as attempt:
-        attempt.enter_context(engines_stopped(launcher_pids))
-        await asyncio.sleep(0.5)
+class EngineBrake:
+    """Runs the vLLM engines of these launchers slowly while a test sets up a scenario, and holds
+    one still on demand. Unbraked under a loaded machine, tiny-llama's engine writes a whole
+    1900-token answer in a few seconds, far ahead of its own API server and the test, so an answer
+    the client has barely begun may already be finished in the engine. Braked, the engine side
+    (engine core and model worker; the API servers run freely) gets `run_s` of every `period_s`
+    (SIGCONT, then SIGSTOP), so the client keeps up and what it has read is what was generated.
+    `hold(pids)` stops those launchers' engines until `release(pids)` or the end of the block; the
+    others stay braked. Leaving the block lets every engine run freely again."""
+
+    def __init__(self, launcher_pids: Iterable[int], run_s: float = 0.01, period_s: float = 0.05) -> None:
+        self._procs = {pid: engine_processes(pid) for pid in launcher_pids}
+        self._held: set[int] = set()
+        self._run_s, self._period_s = run_s, period_s
+        self._lock = threading.Lock()
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._cycle, name="engine-brake", daemon=True)
+
+    def __enter__(self) -> EngineBrake:
+        self._signal(self._procs, signal.SIGSTOP)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._done.set()
+        self._thread.join()
+        with self._lock:
+            self._held.clear()
+            self._signal(self._procs, signal.SIGCONT)
+
+    def hold(self, launcher_pids: Iterable[int]) -> None:
+        with self._lock:
+            pids = set(launcher_pids)
+            self._held |= pids
+            self._signal(pids, signal.SIGSTOP)
+
+    def release(self, launcher_pids: Iterable[int]) -> None:
+        with self._lock:
+            self._held -= set(launcher_pids)
+
+    def _cycle(self) -> None:
+        while not self._done.is_set():
+            with self._lock:
+                running = [pid for pid in self._procs if pid not in self._held]
+                self._signal(running, signal.SIGCONT)
+            time.sleep(self._run_s)
+            with self._lock:  # all of them, held or not, so none misses its stop
+                self._signal(running, signal.SIGSTOP)
+            self._done.wait(self._period_s - self._run_s)
+
+    def _signal(self, launcher_pids: Iterable[int], sig: signal.Signals) -> None:
+        for pid in launcher_pids:
+            for p in self._procs[pid]:
+                try:
+                    os.kill(p.pid, sig)
+                except ProcessLookupError:  # the test killed this engine
+                    pass
+
+
+async def held_mid_stream(stream: asyncio.Future[Any], progress: Callable[[], int], brake: EngineBrake,
+                          launcher_pids: Iterable[int]) -> bool:
+    """Hold these launchers' engines still (`brake.hold`; their API servers run on) and wait for
+    what they generated before the stop to arrive: until `progress()` (what the client has read,
+    say events) stays put for half a second. True if `stream` is still open then, so it is
+    certainly unfinished: the engines stay held until the brake is released or left. False
+    (released) if it ended instead, had the engine finished the answer before the hold after all;
+    the caller then sets its scenario up again."""
+    pids = list(launcher_pids)
+    brake.hold(pids)
+    seen = -1
+    for _ in range(60):  # bounded: 30 s of an answer still arriving
         if stream.done():
-            return False
-        stack.enter_context(attempt.pop_all())
-        return True
-
-
-async def hung_up_while_stopped(response: httpx.Response, lines: AsyncIterator[str], launcher_pid: int) -> bool:
-    """Hang up on a streamed answer that has sent a token, while its engine is held still
-    (SIGSTOP), so the answer is certainly unfinished when the client goes; the engine runs again
-    afterwards and sees the disconnect then. False when the rest of the answer had already
-    arrived within half a second of the stop (a busy test process reads late): the caller sets
-    its scenario up again."""
-    with engines_stopped([launcher_pid]):
-        try:
-            while '"finish_reason":null' in (line := await asyncio.wait_for(anext(lines), 0.5)) \
-                    or not line.startswith("data: {"):
-                pass
-        except TimeoutError:  # nothing more while the engine is stopped: mid-answer
-            await response.aclose()
+            break
+        if (now := progress()) == seen:
             return True
-        except StopAsyncIteration:
+        seen = now
+        await asyncio.sleep(0.5)
+    brake.release(pids)
+    return False
+
+
+async def hung_up_while_stopped(response: httpx.Response, lines: AsyncIterator[str], brake: EngineBrake,
+                                launcher_pid: int) -> bool:
+    """Hang up on a streamed answer that has sent a token, once its engine is held still
+    (`brake.hold`) and the answer has gone quiet for half a second, so it is certainly unfinished
+    when the client goes. vLLM's API server, which runs on, sees the disconnect and queues the
+    abort; the engine takes it when it runs again (the brake released). False when the answer
+    ended instead: the caller sets its scenario up again."""
+    brake.hold([launcher_pid])
+    try:
+        while '"finish_reason":null' in (line := await asyncio.wait_for(anext(lines), 0.5)) \
+                or not line.startswith("data: {"):
             pass
+    except TimeoutError:  # nothing more while the engine is held: mid-answer
+        await response.aclose()
+        await asyncio.sleep(0.5)  # the abort reaches vLLM's API server before the engine runs again
+        return True
+    except StopAsyncIteration:
+        pass
+    finally:
+        brake.release([launcher_pid])
     return False
