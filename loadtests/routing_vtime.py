@@ -105,8 +105,15 @@ def run_all(args: argparse.Namespace) -> dict[str, Any]:
                               "trace_time_scale": args.trace_time_scale, "rate_scale": args.rate_scale,
                               "rates_rps": {k: v * args.workers / 64 * args.rate_scale for k, v in RATES.items()},
                               "workloads": {}}
+    kept: dict[str, list[dict[str, Any]]] = {}
+    if args.update:  # rerun only these policies; the other rows stay as the last full run measured them
+        old = json.loads(args.out.with_suffix(".json").read_text())
+        if any(old[k] != v for k, v in report.items() if k != "workloads"):
+            raise SystemExit("--update: the saved report was run with other settings; run it whole")
+        kept = old["workloads"]
+        report["workloads"] = dict(kept)
     for name in args.workloads:
-        rows = []
+        rows = [r for r in kept.get(name, []) if r["policy"] not in args.policies]
         for policy in args.policies:
             row = run_one(name, policy, args, slo)
             rows.append(row)
@@ -114,7 +121,8 @@ def run_all(args: argparse.Namespace) -> dict[str, Any]:
                   f"p99 {row['ttft_p99_s']:.2f}s  goodput {row['goodput_rps']:.2f}/s  "
                   f"imb {row['imbalance_busy']:.2f}  err50 {row['ttft_error_rel_p50']:.3f}  "
                   f"({row['wall_s']:.0f}s)", flush=True)
-        report["workloads"][name] = rows
+        order = {p: i for i, p in enumerate(POLICIES)}
+        report["workloads"][name] = sorted(rows, key=lambda r: order.get(r["policy"], len(order)))
         report["verdict"] = verdict(report)
         save(report, args.out)  # after each workload: a run cut short keeps what it measured
     return report
@@ -200,6 +208,8 @@ def main() -> None:
     ap.add_argument("--slo-slack-s", type=float, default=0.25)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", type=Path, default=REPORTS / "routing_vtime")
+    ap.add_argument("--update", action="store_true",
+                    help="rerun only --policies and replace their rows in the saved report (same settings)")
     args = ap.parse_args()
     report = run_all(args)
     print(json.dumps(report["verdict"], indent=2))

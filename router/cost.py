@@ -1,4 +1,5 @@
-"""The routing cost, in seconds: each worker's predicted time to first token, plus what it evicts. Pure.
+"""The routing cost, in seconds: each worker's predicted time to first token, plus what it evicts and how
+long the answer then decodes there. Pure.
 
 For a request of `uncached` tokens not in a worker's cache (and `cached` that are):
 
@@ -8,7 +9,8 @@ For a request of `uncached` tokens not in a worker's cache (and `cached` that ar
            + pair_s × (queued_prefill_pairs + pairs(uncached, cached))  # their attention
 
     eviction_s = evicted_blocks × refill_ratio × block_size × token_s
-    cost_s = ttft_s + eviction_s
+    decode_s = running_s × running × answer_tokens
+    cost_s = ttft_s + eviction_s + decode_s
 
 `TtftModel` (latency_s, running_s, token_s, pair_s) holds the worker's
 coefficients, fitted online by `router.learning` to the TTFT the router
@@ -21,6 +23,19 @@ would take beyond the worker's free ones each evict a cached block, and an
 evicted block costs its recompute time times the chance that it is needed
 again, which is measured per worker as the fraction of recent evictions whose
 block was stored again later (`refill_ratio`).
+
+The decode term prices the answer: each step on a worker takes `running_s`
+longer per running request (the same term as in the TTFT, which waits through
+one such step), and an answer is `answer_tokens` steps, the recent mean answer
+length of the model (`router.learning`). So `ttft_s + decode_s` is how much
+sooner the whole answer ends on one worker than on another. It does not price
+the delay the request adds to the answers already running there. Without the
+term, the cost kept a prompt group's conversations on the few workers that hold
+it (max over mean work 7.3 at 64 workers on `loadtests/routing_vtime.py`'s chat
+workload) and their answers decoded slower there. Half the term (the overlap
+with the others' answers) and one and a half times it (both) were tried too:
+the first left `prefix` further behind the model of vllm-router's cache_aware on
+the agentic workload's goodput, the second pushed the trace's imbalance over 1.25.
 """
 
 from __future__ import annotations
@@ -73,6 +88,11 @@ def eviction_s(model: TtftModel, kv: KvPressure | None, uncached: int) -> float:
     if evicted <= 0:
         return 0.0
     return evicted * kv.refill_ratio * kv.block_size * model.token_s
+
+
+def decode_s(model: TtftModel, load: LoadSnapshot, answer_tokens: float) -> float:
+    """How much longer an answer of `answer_tokens` decodes on this worker than on an idle one."""
+    return model.running_s * load.requests * answer_tokens
 
 
 def queue_s(model: TtftModel, load: LoadSnapshot) -> float:

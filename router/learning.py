@@ -11,6 +11,9 @@ Two kinds of observation, both of which the router already sees:
 - **Evictions and refills** (`evicted`, `stored`): of the blocks a worker's KV
   events remove, the fraction that is stored again later is the worker's
   `refill_ratio`, the chance that an evicted block was still needed.
+- **Answer lengths** (`observe_answer`): the tokens each finished request generated, per
+  model; their recent mean (`answer_tokens`) prices how long a new request will share a
+  worker's decode batch (`router.cost.decode_s`).
 
 The fleet has one fit of the four coefficients, over every worker's observations;
 `LearningConfig.prior` is its prior until anything was observed. A worker's model is the
@@ -38,6 +41,8 @@ from router.fit import LinearFit
 
 _FLEET_PRIOR_WEIGHT = 1.0  # the configured prior counts as one observation in the fleet's fit
 _MIN_TTFT_S = 1e-3  # relative weights of TTFTs below this are capped (a clock's resolution)
+_MAX_ANSWER_TOKENS = 1 << 20  # an engine's count beyond any context window is clamped
+_MAX_MODELS = 4096  # answer-length means kept, one per served model name
 
 
 @dataclass(slots=True)
@@ -70,6 +75,7 @@ class CostLearner:
         self._error_decay = 1.0 - 1.0 / config.fleet_memory
         self._worker_decay = 1.0 - 1.0 / config.worker_memory
         self._error_sum = self._error_weight = 0.0
+        self._answers: dict[str, tuple[float, int]] = {}  # model: (mean answer tokens, observations)
 
     def model(self, worker: str) -> TtftModel:
         """The worker's current coefficients: the fleet's times its speed factor (the fleet's
@@ -171,6 +177,21 @@ class CostLearner:
         if w is None or w.evictions <= 0:
             return 0.0
         return min(1.0, w.refills / w.evictions)
+
+    def observe_answer(self, model: str, completion_tokens: int) -> None:
+        """A request for `model` finished having generated `completion_tokens`: the mean is over all
+        answers until `worker_memory` of them, then forgets the older ones at that rate."""
+        tokens = float(min(max(completion_tokens, 0), _MAX_ANSWER_TOKENS))
+        mean, n = self._answers.get(model, (0.0, 0))
+        n += 1
+        weight = 1.0 / min(n, self.config.worker_memory)
+        if len(self._answers) >= _MAX_MODELS and model not in self._answers:
+            self._answers.pop(next(iter(self._answers)))
+        self._answers[model] = (mean + weight * (tokens - mean), n)
+
+    def answer_tokens(self, model: str) -> float:
+        """The recent mean answer length of `model`'s requests (0 before any finished)."""
+        return self._answers.get(model, (0.0, 0))[0]
 
     def forget(self, worker: str) -> None:
         self._workers.pop(worker, None)

@@ -80,6 +80,10 @@ class RouterMetrics:
         self.ttft_error = Histogram("sluice_router_ttft_prediction_error_seconds",
                                     "|predicted - actual| time to first token per request, by worker, seconds.",
                                     ["worker"], buckets=_TTFT_BUCKETS_S, registry=r)
+        self.answer_tokens = Gauge("sluice_router_answer_tokens",
+                                   "Recent mean answer length of the model's requests that ran to their end, "
+                                   "tokens: what the prefix cost prices a new request's decode with.", ["model"],
+                                   registry=r)
         self.decision = Histogram("sluice_router_decision_seconds",
                                   "Wall time of one routing decision (ranking the workers), seconds.",
                                   buckets=_DECISION_BUCKETS_S, registry=r)

@@ -8,7 +8,8 @@ outright when nothing else is left. Draining workers are never passed in.
 
 `prefix` and `least_load` rank by a cost in seconds (`router.cost`): the
 worker's predicted time to first token for this request, plus, for `prefix`,
-the expected refill time of what it would evict. `least_load` prices every
+the expected refill time of what it would evict and what its decode costs the
+requests already running there. `least_load` prices every
 worker as if none held the prompt. Every candidate carries its predicted TTFT,
 whatever the policy, so that predictions can be checked against what happens.
 
@@ -25,7 +26,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from router.config import TtftModel
-from router.cost import KvPressure, eviction_s, features, predict_ttft
+from router.cost import KvPressure, decode_s, eviction_s, features, predict_ttft
 from router.hashing import rendezvous_score
 from router.load import LoadSnapshot
 
@@ -95,8 +96,9 @@ def _ordered(scored: list[tuple[float, int, WorkerView]], tie_key: str | int,
 
 
 def rank_prefix(views: Sequence[WorkerView], prompt_tokens: int, tie_key: str | int,
-                tolerance: float = 0.0) -> list[Candidate]:
-    """Cheapest first: predicted TTFT on the worker plus the refill time of what it would evict."""
+                tolerance: float = 0.0, answer_tokens: float = 0.0) -> list[Candidate]:
+    """Cheapest first: predicted TTFT on the worker, plus the refill time of what it would evict,
+    plus what an answer of `answer_tokens` costs the worker's running requests."""
     ok, bad = _split(views)
     best_cached = max((v.predicted_cached_tokens for v in ok), default=0)
     scored = []
@@ -104,7 +106,8 @@ def rank_prefix(views: Sequence[WorkerView], prompt_tokens: int, tie_key: str | 
     for v in ok:
         t = ttft[v.name] = view_ttft(v, prompt_tokens)
         u = max(0, prompt_tokens - v.predicted_cached_tokens)
-        scored.append((t + eviction_s(v.model, v.kv, u), -v.predicted_cached_tokens, v))
+        cost = t + eviction_s(v.model, v.kv, u) + decode_s(v.model, v.load, answer_tokens)
+        scored.append((cost, -v.predicted_cached_tokens, v))
     out = []
     for cost, _, v in _ordered(scored, tie_key, tolerance):
         if best_cached == 0:
@@ -146,12 +149,13 @@ def rank_session(views: Sequence[WorkerView], prompt_tokens: int, session_key: s
 
 
 def rank(policy: str, views: Sequence[WorkerView], *, prompt_tokens: int, tie_key: str | int, turn: int = 0,
-         session_key: str | None = None, tolerance: float = 0.0) -> list[Candidate]:
+         session_key: str | None = None, tolerance: float = 0.0, answer_tokens: float = 0.0) -> list[Candidate]:
     """Dispatch to one policy. `tolerance` is the relative cost difference below which `prefix` and
-    `least_load` call workers equal (the cost model's typical error). Raises ValueError for an
-    unknown policy name."""
+    `least_load` call workers equal (the cost model's typical error); `answer_tokens` is the
+    model's mean answer length, for `prefix`'s decode term. Raises ValueError for an unknown
+    policy name."""
     if policy == "prefix":
-        return rank_prefix(views, prompt_tokens, tie_key, tolerance)
+        return rank_prefix(views, prompt_tokens, tie_key, tolerance, answer_tokens)
     if policy == "least_load":
         return rank_least_load(views, prompt_tokens, tie_key, tolerance)
     if policy == "round_robin":
@@ -159,7 +163,7 @@ def rank(policy: str, views: Sequence[WorkerView], *, prompt_tokens: int, tie_ke
     if policy == "session":
         if session_key:
             return rank_session(views, prompt_tokens, session_key)
-        ranked = rank_prefix(views, prompt_tokens, tie_key, tolerance)
+        ranked = rank_prefix(views, prompt_tokens, tie_key, tolerance, answer_tokens)
         return [c if c.reason == "degraded" else Candidate(c.worker, c.predicted_cached_tokens, c.cost,
                                                            "session_no_key", c.predicted_ttft_s) for c in ranked]
     raise ValueError(f"unknown routing policy {policy!r}")

@@ -56,6 +56,7 @@ class _Dispatch:
     dispatched_at: float
     features: TtftFeatures  # what the cost knew at dispatch: the TTFT observation's regressors
     predicted_ttft_s: float
+    model: str = ""
     first_token: bool = False
 
 
@@ -149,7 +150,8 @@ class Router:
         if policy == "round_robin":
             self._rr_turn += 1
         ranked = policies.rank(policy, views, prompt_tokens=n, tie_key=prompt_key(token_ids, root),
-                               turn=self._rr_turn, session_key=session_key, tolerance=s.learn.relative_error)
+                               turn=self._rr_turn, session_key=session_key, tolerance=s.learn.relative_error,
+                               answer_tokens=s.learn.answer_tokens(model))
         return Ranking(model, policy, n, tuple(ranked), chains)
 
     def on_dispatch(self, request_id: str, ranking: Ranking, worker: str) -> None:
@@ -181,7 +183,8 @@ class Router:
         cached_blocks = predicted // w.block_size
         s.load.expect(request_id, chain[cached_blocks:], cached_blocks, w.block_size)
         w.health.breaker.on_dispatch(now)
-        self._dispatches[request_id] = _Dispatch(worker, predicted, w.block_size, new, now, f, ttft_s)
+        self._dispatches[request_id] = _Dispatch(worker, predicted, w.block_size, new, now, f, ttft_s,
+                                                 ranking.model)
         self.metrics.predicted_ttft.labels(worker).observe(ttft_s)
 
     def on_first_token(self, request_id: str) -> None:
@@ -197,13 +200,15 @@ class Router:
         s.learn.observe_ttft(d.worker, d.features, actual_s, d.predicted_ttft_s)
         self.metrics.observe_ttft(d.worker, d.predicted_ttft_s, actual_s)
 
-    def on_finish(self, request_id: str, *, cached_tokens: int | None = None, error: bool = False) -> None:
+    def on_finish(self, request_id: str, *, cached_tokens: int | None = None, error: bool = False,
+                  completion_tokens: int | None = None) -> None:
         """The dispatch of `request_id` ended.
 
         `cached_tokens` is the engine's ``usage.prompt_tokens_details.cached_tokens``
-        (None if it did not say). Set `error` only for worker faults (connection
-        refused, 5xx, broken stream), not for 4xx answers or client disconnects:
-        it feeds the circuit breaker. Unknown ids are ignored.
+        (None if it did not say). `completion_tokens` is what it generated, for an answer that
+        ran to its end (None otherwise): it feeds the model's mean answer length. Set `error`
+        only for worker faults (connection refused, 5xx, broken stream), not for 4xx answers or
+        client disconnects: it feeds the circuit breaker. Unknown ids are ignored.
         """
         d = self._dispatches.pop(request_id, None)
         if d is None:
@@ -220,6 +225,9 @@ class Router:
                 w.health.breaker.record_success()
         if cached_tokens is not None and not error:
             self.metrics.observe_prediction(d.predicted_cached_tokens, cached_tokens, d.block_size)
+        if completion_tokens is not None and not error:
+            s.learn.observe_answer(d.model, completion_tokens)
+            self.metrics.answer_tokens.labels(d.model).set(s.learn.answer_tokens(d.model))
 
     # -- lifecycle -------------------------------------------------------------
     async def start(self) -> None:

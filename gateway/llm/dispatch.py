@@ -169,6 +169,7 @@ class Dispatch:
         # Only worker faults count against a worker (circuit breaker): not a client
         # that went away, nor a request the engine rightly refused.
         fault = False
+        answered: int | None = None  # tokens of an answer that ran to its end (stop or length)
         try:
             async with self.trace.engine_call(target, choice.request) as call, \
                     aclosing(target.engine.generate(call.request)) as stream:
@@ -179,13 +180,15 @@ class Dispatch:
                         target.on_first_token()
                     if delta.finish_reason is not None:
                         fault = delta.finish_reason == "error"
+                        if delta.finish_reason in ("stop", "length", "tool_calls"):
+                            answered = choice.completion_tokens
                         account_finished(self.metrics, self.model.name, choice.request, delta)
                     yield delta
         except SluiceError as e:
             fault = e.worker_fault
             raise
         finally:
-            self._finish(choice, clock.reported_cached, fault)
+            self._finish(choice, clock.reported_cached, fault, answered)
 
     def _open(self, choice: _Choice) -> None:
         choice.open = True
@@ -193,13 +196,14 @@ class Dispatch:
         if hook is not None:
             hook()
 
-    def _finish(self, choice: _Choice, cached_tokens: int | None, fault: bool) -> None:
+    def _finish(self, choice: _Choice, cached_tokens: int | None, fault: bool,
+                answered: int | None = None) -> None:
         if not choice.open:
             return
         choice.open = False
         hook = choice.targets[choice.current].on_finish
         if hook is not None:
-            hook(cached_tokens, fault)
+            hook(cached_tokens, fault, answered)
 
 
 def _count_tokens(choice: _Choice, delta: Delta) -> None:

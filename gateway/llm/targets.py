@@ -23,7 +23,8 @@ class Target:
     reason: str | None = None  # the router's decision reason, e.g. prefix_hit or load
     on_dispatch: Callable[[], None] | None = None
     on_first_token: Callable[[], None] | None = None
-    on_finish: Callable[[int | None, bool], None] | None = None  # (reported cached tokens, worker fault)
+    # (reported cached tokens, worker fault, tokens of an answer that ran to its end or None)
+    on_finish: Callable[[int | None, bool, int | None], None] | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -73,7 +73,8 @@ class RoutedBackend:
                 cand.worker, engine, cand.predicted_cached_tokens, cand.reason,
                 on_dispatch=partial(router.on_dispatch, rid, ranking, cand.worker),
                 on_first_token=lambda: router.on_first_token(rid),
-                on_finish=lambda cached, failed: router.on_finish(rid, cached_tokens=cached, error=failed),
+                on_finish=lambda cached, failed, answered: router.on_finish(
+                    rid, cached_tokens=cached, error=failed, completion_tokens=answered),
             ))
         if not targets:
             raise SluiceError(f"no healthy worker serves model `{self.model}`", ErrorKind.NO_WORKER,

@@ -215,7 +215,8 @@ class VirtualFleet:
                 router.on_first_token(rid)
                 rec.first_token_s = self.now
             if out.finish_reason is not None:  # type: ignore[attr-defined]
-                router.on_finish(rid, cached_tokens=out.cached_tokens)  # type: ignore[attr-defined]
+                router.on_finish(rid, cached_tokens=out.cached_tokens,  # type: ignore[attr-defined]
+                                 completion_tokens=len(toks))
                 rec.finish_s = self.now
                 rec.cached_tokens = out.cached_tokens  # type: ignore[attr-defined]
                 rec.completion_tokens = len(toks)

@@ -108,6 +108,31 @@ def test_the_gateway_routes_to_every_replica(fleet: Fleet) -> None:
     assert seen == {f"fleet-{i}" for i in range(REPLICAS)}
 
 
+async def test_the_router_learns_answer_lengths_from_answers_that_ran_to_their_end(fleet: Fleet) -> None:
+    def learned() -> float | None:
+        text = httpx.get(fleet.gateway.url + "/metrics", timeout=10).text
+        return metric_value(text, "sluice_router_answer_tokens", {"model": MODEL})
+
+    async with httpx.AsyncClient(base_url=fleet.gateway.url, timeout=60) as http:
+        for k in range(8):
+            r = await http.post("/v1/completions", json={"model": MODEL, "prompt": [900 + k] * 20, "max_tokens": 40,
+                                                         "ignore_eos": True})
+            assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 40, r.text
+        after_whole = learned()
+        assert after_whole is not None and 2 < after_whole <= 40
+        # An answer its client left after the first token says nothing about answer lengths.
+        body = {"model": MODEL, "prompt": [950] * 20, "max_tokens": 1500, "ignore_eos": True, "stream": True}
+        async with http.stream("POST", "/v1/completions", json=body) as r:
+            async for line in r.aiter_lines():
+                if line.startswith("data: {"):
+                    break
+        for _ in range(100):  # bounded: the gateway sees the hang-up and ends the dispatch
+            if not any(w["in_flight"] for w in _workers(fleet.gateway).values()):
+                break
+            await asyncio.sleep(0.05)
+    assert learned() == after_whole
+
+
 def test_the_profile_is_labelled_on_metrics_and_the_model_card(fleet: Fleet) -> None:
     url = f"http://127.0.0.1:{fleet.port}"
     text = httpx.get(url + "/metrics", timeout=10).text

@@ -132,6 +132,33 @@ def test_refill_ratio_counts_evicted_blocks_stored_again() -> None:
     assert learner.refill_ratio("w") == pytest.approx(0.5)
 
 
+def test_answer_length_is_a_mean_per_model_that_forgets_at_the_workers_rate() -> None:
+    learner = CostLearner(LearningConfig(worker_memory=4))
+    assert learner.answer_tokens("m") == 0.0
+    for n in (10, 20, 30):
+        learner.observe_answer("m", n)
+    assert learner.answer_tokens("m") == pytest.approx(20.0)  # the plain mean, under memory
+    assert learner.answer_tokens("other") == 0.0
+    for _ in range(40):
+        learner.observe_answer("m", 100)
+    assert learner.answer_tokens("m") == pytest.approx(100.0, rel=1e-4)  # the old ones forgotten
+    learner.observe_answer("m", -5)  # clamped, not trusted
+    learner.observe_answer("m", 10**12)
+    assert 0.0 <= learner.answer_tokens("m") <= (1 << 20)
+
+
+def test_the_router_learns_answer_lengths_only_from_answers_that_ran_to_their_end() -> None:
+    clock = Clock()
+    r = Router(RouterConfig(), registry=CollectorRegistry(), clock=clock)
+    r.add_worker(WorkerInfo("w0", "http://127.0.0.1:1/w0", ("m",), block_size=4))
+    for rid, kwargs in (("a", {"completion_tokens": 40}), ("b", {"completion_tokens": 7, "error": True}),
+                        ("c", {}), ("d", {"completion_tokens": 60})):
+        rk = r.rank("m", list(range(1, 9)))
+        r.on_dispatch(rid, rk, "w0")
+        r.on_finish(rid, **kwargs)
+    assert r._state.learn.answer_tokens("m") == pytest.approx(50.0)
+
+
 def test_imbalance_is_max_over_mean() -> None:
     assert imbalance([1.0, 1.0, 1.0, 1.0]) == 1.0
     assert imbalance([3.0, 1.0, 0.0, 0.0]) == pytest.approx(3.0)

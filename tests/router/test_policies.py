@@ -136,3 +136,19 @@ def test_session_is_consistent_and_falls_back_without_key():
 def test_unknown_policy():
     with pytest.raises(ValueError):
         rank("random", [view("a")], prompt_tokens=1, tie_key=0)
+
+
+def test_an_answer_that_would_share_a_busy_batch_is_priced_into_prefix_but_not_into_its_ttft():
+    # b holds 90 of the prompt's 100 tokens (saves 90 ms of prefill) but runs 20 requests, each of which
+    # makes a step 3 ms longer: the first token waits through one such step, an answer of A tokens A of them.
+    model = TtftModel(latency_s=0.03, running_s=0.003, token_s=1e-3, pair_s=0.0)
+    workers = [view("a", model=model), view("b", cached=90, model=model, in_flight=20)]
+    for answer, winner in ((0.0, "b"), (0.5, "b"), (1.0, "a"), (64.0, "a")):
+        out = rank("prefix", workers, prompt_tokens=100, tie_key=1, answer_tokens=answer)
+        assert out[0].worker == winner, answer
+        by = {c.worker: c for c in out}
+        assert by["b"].cost == pytest.approx(0.03 + 0.003 * 20 + 0.010 + 0.003 * 20 * answer)
+        assert by["b"].predicted_ttft_s == pytest.approx(0.03 + 0.003 * 20 + 0.010)  # TTFT unchanged
+    # The decode term is the prefix policy's: least_load still prices the TTFT alone.
+    out = rank("least_load", workers, prompt_tokens=100, tie_key=1, answer_tokens=64.0)
+    assert {c.worker: c.cost for c in out}["b"] == pytest.approx(0.03 + 0.003 * 20 + 0.1)
