@@ -1,5 +1,5 @@
-"""The routing cost, in seconds: each worker's predicted time to first token, plus what it evicts and how
-long the answer then decodes there. Pure.
+"""The routing cost, in seconds: each worker's predicted time to first token, plus what it evicts, how
+long the answer then decodes there, and what its prefill delays the others. Pure.
 
 For a request of `uncached` tokens not in a worker's cache (and `cached` that are):
 
@@ -10,7 +10,8 @@ For a request of `uncached` tokens not in a worker's cache (and `cached` that ar
 
     eviction_s = evicted_blocks × refill_ratio × block_size × token_s
     decode_s = running_s × running × answer_tokens
-    cost_s = ttft_s + eviction_s + decode_s
+    delay_s = running × (token_s × uncached + pair_s × pairs(uncached, cached))
+    cost_s = ttft_s + eviction_s + decode_s + delay_s
 
 `TtftModel` (latency_s, running_s, token_s, pair_s) holds the worker's
 coefficients, fitted online by `router.learning` to the TTFT the router
@@ -28,14 +29,17 @@ The decode term prices the answer: each step on a worker takes `running_s`
 longer per running request (the same term as in the TTFT, which waits through
 one such step), and an answer is `answer_tokens` steps, the recent mean answer
 length of the model (`router.learning`). So `ttft_s + decode_s` is how much
-sooner the whole answer ends on one worker than on another. It does not price
-the delay the request adds to the answers already running there. Without the
-term, the cost kept a prompt group's conversations on the few workers that hold
-it (max over mean work 7.3 at 64 workers on `loadtests/routing_vtime.py`'s chat
-workload) and their answers decoded slower there. Half the term (the overlap
-with the others' answers) and one and a half times it (both) were tried too:
-the first left `prefix` further behind the model of vllm-router's cache_aware on
-the agentic workload's goodput, the second pushed the trace's imbalance over 1.25.
+later the whole answer ends on this worker than on an idle one.
+
+The delay term prices what the request does to the others: its prefill runs in
+the steps the worker's `running` requests decode in, so each of them waits
+through it. A cache hit saves the prefill twice over, once for the request and
+once for everyone it shares a worker with.
+
+Without the two, the cost saw only the request's own time to first token: it
+kept a prompt group's conversations on the few workers that hold it (max over
+mean work 7.3 at 64 workers on `loadtests/routing_vtime.py`'s chat workload),
+where answers decoded slower and every new turn's prefill held up the others.
 """
 
 from __future__ import annotations
@@ -93,6 +97,11 @@ def eviction_s(model: TtftModel, kv: KvPressure | None, uncached: int) -> float:
 def decode_s(model: TtftModel, load: LoadSnapshot, answer_tokens: float) -> float:
     """How much longer an answer of `answer_tokens` decodes on this worker than on an idle one."""
     return model.running_s * load.requests * answer_tokens
+
+
+def delay_s(model: TtftModel, load: LoadSnapshot, uncached: int, cached: int) -> float:
+    """What this request's prefill delays the requests running on the worker, summed over them."""
+    return load.requests * (model.token_s * uncached + model.pair_s * attention_pairs(uncached, cached))
 
 
 def queue_s(model: TtftModel, load: LoadSnapshot) -> float:

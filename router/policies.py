@@ -8,8 +8,9 @@ outright when nothing else is left. Draining workers are never passed in.
 
 `prefix` and `least_load` rank by a cost in seconds (`router.cost`): the
 worker's predicted time to first token for this request, plus, for `prefix`,
-the expected refill time of what it would evict and what its decode costs the
-requests already running there. `least_load` prices every
+the expected refill time of what it would evict, how much longer its answer
+decodes there, and the delay its prefill adds to the requests already running
+there. `least_load` prices every
 worker as if none held the prompt. Every candidate carries its predicted TTFT,
 whatever the policy, so that predictions can be checked against what happens.
 
@@ -26,7 +27,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from router.config import TtftModel
-from router.cost import KvPressure, decode_s, eviction_s, features, predict_ttft
+from router.cost import KvPressure, decode_s, delay_s, eviction_s, features, predict_ttft
 from router.hashing import rendezvous_score
 from router.load import LoadSnapshot
 
@@ -98,7 +99,8 @@ def _ordered(scored: list[tuple[float, int, WorkerView]], tie_key: str | int,
 def rank_prefix(views: Sequence[WorkerView], prompt_tokens: int, tie_key: str | int,
                 tolerance: float = 0.0, answer_tokens: float = 0.0) -> list[Candidate]:
     """Cheapest first: predicted TTFT on the worker, plus the refill time of what it would evict,
-    plus what an answer of `answer_tokens` costs the worker's running requests."""
+    plus how much longer an answer of `answer_tokens` decodes there, plus what its prefill delays
+    the worker's running requests."""
     ok, bad = _split(views)
     best_cached = max((v.predicted_cached_tokens for v in ok), default=0)
     scored = []
@@ -106,7 +108,8 @@ def rank_prefix(views: Sequence[WorkerView], prompt_tokens: int, tie_key: str | 
     for v in ok:
         t = ttft[v.name] = view_ttft(v, prompt_tokens)
         u = max(0, prompt_tokens - v.predicted_cached_tokens)
-        cost = t + eviction_s(v.model, v.kv, u) + decode_s(v.model, v.load, answer_tokens)
+        cost = (t + eviction_s(v.model, v.kv, u) + decode_s(v.model, v.load, answer_tokens)
+                + delay_s(v.model, v.load, u, v.predicted_cached_tokens))
         scored.append((cost, -v.predicted_cached_tokens, v))
     out = []
     for cost, _, v in _ordered(scored, tie_key, tolerance):

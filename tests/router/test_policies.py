@@ -44,10 +44,15 @@ def test_the_running_batch_slows_the_steps_a_new_request_waits_through():
     assert out[0].predicted_ttft_s == pytest.approx(0.03 + 0.1)
     assert out[1].predicted_ttft_s == pytest.approx(0.03 + 0.003 * 40 + 0.1)
     assert names(out) == ["a", "b"]
-    # ... and a busy worker that holds the prompt still wins while its batch costs less than the prefill.
-    out = rank("prefix", [view("a", model=model), view("b", cached=90, model=model, in_flight=20)],
-               prompt_tokens=100, tie_key=1)
-    assert out[0].worker == "b" and out[0].reason == "prefix_hit"
+    # ... and a busy worker that holds the prompt still wins while its batch, and the delay its
+    # remaining prefill adds to that batch, cost less than the prefill it saves.
+    for running, winner in ((5, "b"), (8, "a")):
+        out = rank("prefix", [view("a", model=model), view("b", cached=90, model=model, in_flight=running)],
+                   prompt_tokens=100, tie_key=1)
+        assert out[0].worker == winner, running
+        by = {c.worker: c for c in out}
+        assert by["b"].cost == pytest.approx(0.03 + 0.003 * running + 0.010 + running * 0.010)
+    assert by["b"].reason == "prefix_hit"
 
 
 def test_attention_makes_a_long_uncached_prompt_cost_more_than_its_tokens():
@@ -139,16 +144,18 @@ def test_unknown_policy():
 
 
 def test_an_answer_that_would_share_a_busy_batch_is_priced_into_prefix_but_not_into_its_ttft():
-    # b holds 90 of the prompt's 100 tokens (saves 90 ms of prefill) but runs 20 requests, each of which
-    # makes a step 3 ms longer: the first token waits through one such step, an answer of A tokens A of them.
+    # b holds 90 of the prompt's 100 tokens (saves 90 ms of prefill) but runs 2 requests, each of which
+    # makes a step 3 ms longer: the first token waits through one such step, an answer of A tokens A
+    # of them; and the 10 ms left of its prefill hold up both of the running requests.
     model = TtftModel(latency_s=0.03, running_s=0.003, token_s=1e-3, pair_s=0.0)
-    workers = [view("a", model=model), view("b", cached=90, model=model, in_flight=20)]
-    for answer, winner in ((0.0, "b"), (0.5, "b"), (1.0, "a"), (64.0, "a")):
+    workers = [view("a", model=model), view("b", cached=90, model=model, in_flight=2)]
+    for answer, winner in ((0.0, "b"), (10.0, "b"), (11.0, "a"), (64.0, "a")):
         out = rank("prefix", workers, prompt_tokens=100, tie_key=1, answer_tokens=answer)
         assert out[0].worker == winner, answer
         by = {c.worker: c for c in out}
-        assert by["b"].cost == pytest.approx(0.03 + 0.003 * 20 + 0.010 + 0.003 * 20 * answer)
-        assert by["b"].predicted_ttft_s == pytest.approx(0.03 + 0.003 * 20 + 0.010)  # TTFT unchanged
-    # The decode term is the prefix policy's: least_load still prices the TTFT alone.
+        assert by["b"].cost == pytest.approx(0.03 + 0.003 * 2 + 0.010 + 0.003 * 2 * answer + 2 * 0.010)
+        assert by["b"].predicted_ttft_s == pytest.approx(0.03 + 0.003 * 2 + 0.010)  # TTFT unchanged
+        assert by["a"].cost == pytest.approx(0.03 + 0.1)  # idle: nothing to delay, no batch to share
+    # These terms are the prefix policy's: least_load still prices the TTFT alone.
     out = rank("least_load", workers, prompt_tokens=100, tie_key=1, answer_tokens=64.0)
-    assert {c.worker: c.cost for c in out}["b"] == pytest.approx(0.03 + 0.003 * 20 + 0.1)
+    assert {c.worker: c.cost for c in out}["b"] == pytest.approx(0.03 + 0.003 * 2 + 0.1)
