@@ -110,12 +110,20 @@ async def test_a_lost_batch_is_replayed_from_the_real_worker(workers: list[Worke
         async with httpx.AsyncClient(timeout=120) as client:
             # The link's own subscription to vLLM may still be joining: warm up until a
             # batch has gone all the way through, so the router knows the current seq.
+            # A busy machine can deliver a batch later than the next warm-up request, so any
+            # warm-up prompt seen counts (bounded: 20 prompts, then 5 s more).
+            warm = None
             for k in range(20):
                 await _complete(client, worker, _prompt(k))
                 await asyncio.sleep(0.2)
-                if cached(_prompt(k)) == 2 * BLOCK:
+                if (warm := next((j for j in range(k + 1) if cached(_prompt(j)) == 2 * BLOCK), None)) is not None:
                     break
-            assert router.rank(MODEL, _prompt(k)).best.predicted_cached_tokens == 2 * BLOCK, "no event arrived"
+            for _ in range(50):
+                if warm is not None:
+                    break
+                await asyncio.sleep(0.1)
+                warm = next((j for j in range(20) if cached(_prompt(j)) == 2 * BLOCK), None)
+            assert warm is not None, "no event arrived"
             gaps, replays = counter("gaps"), counter("replays")
 
             lost, later = _prompt(100), _prompt(101)
@@ -134,4 +142,4 @@ async def test_a_lost_batch_is_replayed_from_the_real_worker(workers: list[Worke
         link.close()
     assert (counter("gaps") - gaps, counter("replays") - replays) == (1, 1)
     assert cached(lost) == 2 * BLOCK  # replay delivered the lost batch's blocks
-    assert cached(_prompt(k)) == 2 * BLOCK  # and the blocks from before the gap were kept
+    assert cached(_prompt(warm)) == 2 * BLOCK  # and the blocks from before the gap were kept
