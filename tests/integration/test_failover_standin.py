@@ -46,7 +46,8 @@ def two_standins(tmp_path: Path) -> Iterator[tuple[Server, list[tuple[str, subpr
     gateway = start_server(["--model-repository", str(tmp_path / "repo")], tmp_path / "gateway.log")
     try:
         for i, (url, _) in enumerate(workers):
-            r = httpx.post(gateway.url + "/v1/admin/workers", json={
+            # Registration loads the tokenizer: longer than httpx's 5 s default on a busy machine.
+            r = httpx.post(gateway.url + "/v1/admin/workers", timeout=60, json={
                 "name": f"trt-{i}", "url": url, "engine": "trtllm", "models": [MODEL], "tokenizer": str(model_dir)})
             assert r.status_code == 201, r.text
         yield gateway, workers
