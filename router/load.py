@@ -21,7 +21,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import httpx
-from prometheus_client.parser import text_string_to_metric_families
+
+from router import exposition
 
 
 @dataclass(frozen=True, slots=True)
@@ -192,22 +193,27 @@ class LoadTracker:
         return snap
 
 
+_SCRAPED = ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
+            "vllm:gpu_cache_usage_perc", "vllm:cache_config_info")
+
+
 def parse_vllm_metrics(text: str) -> ScrapedMetrics:
-    """Parse vLLM's Prometheus exposition. Sums across engines/DP ranks; unknown lines are ignored.
+    """Parse vLLM's Prometheus exposition. Sums across engines/DP ranks; other lines are not read
+    (`router/exposition.py`).
 
     Raises ValueError on text that is not Prometheus exposition format.
     """
     sums: dict[str, float] = {}
     block_size = num_blocks = None
-    for fam in text_string_to_metric_families(text):
-        for s in fam.samples:
-            if s.name in ("vllm:num_requests_running", "vllm:num_requests_waiting"):
-                sums[s.name] = sums.get(s.name, 0.0) + s.value
-            elif s.name in ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"):
-                sums["usage"] = max(sums.get("usage", 0.0), s.value)
-            elif s.name == "vllm:cache_config_info":
-                block_size = _int_label(s.labels, "block_size") or block_size
-                num_blocks = _int_label(s.labels, "num_gpu_blocks") or num_blocks
+    for name, label_text, value in exposition.samples(text, _SCRAPED):
+        if name in ("vllm:num_requests_running", "vllm:num_requests_waiting"):
+            sums[name] = sums.get(name, 0.0) + value
+        elif name in ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"):
+            sums["usage"] = max(sums.get("usage", 0.0), value)
+        else:  # vllm:cache_config_info
+            info = exposition.labels(label_text)
+            block_size = _int_label(info, "block_size") or block_size
+            num_blocks = _int_label(info, "num_gpu_blocks") or num_blocks
     running = sums.get("vllm:num_requests_running")
     waiting = sums.get("vllm:num_requests_waiting")
     return ScrapedMetrics(
