@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING
 
+from engines import heap
 from engines import transformers_compat as compat
 from engines.base import Delta, EngineError, EngineRequest, EngineStats, SamplingParams
 from engines.detokenizer import IncrementalDetokenizer
@@ -161,6 +162,7 @@ class TransformersEngine:
 
     async def restart(self) -> None:
         self._ready = False
+        heap.thaw()  # the dead loop's traceback cycle holds its batch and KV cache (engines/heap.py)
         old, self._manager = self._manager, None
         if old is not None:
             try:  # joins the dead thread and releases its cache

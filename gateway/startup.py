@@ -11,7 +11,6 @@ worker mode — self-registration with a gateway.
 from __future__ import annotations
 
 import asyncio
-import gc
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -19,6 +18,7 @@ from typing import Any
 
 import yaml
 
+from engines import heap
 from engines.classic.repository import model_dirs
 from engines.errors import SluiceError
 from engines.launchers.registration import WorkerRecord, deregister, register
@@ -65,6 +65,7 @@ async def lifespan(state: AppState, llm_specs: list[LLMSpec] | None) -> AsyncIte
         if metrics_server is not None:
             await metrics_server.stop()
         await asyncio.to_thread(state.llm.tracing.shutdown)  # flushes buffered spans
+        heap.thaw()  # what shutdown dropped can be collected (an app run inside a larger process)
 
 
 async def bootstrap(state: AppState, llm_specs: list[LLMSpec] | None,
@@ -92,7 +93,7 @@ async def bootstrap(state: AppState, llm_specs: list[LLMSpec] | None,
             await start_local_llm(registry, spec, s.engine_max_batch_size)
         if state.classic is not None:
             state.embeddings = await asyncio.to_thread(EmbeddingBridge.discover, state.classic)
-        _freeze_heap()
+        heap.freeze()  # engines/heap.py: what start-up made leaves the collector's full passes
         state.ready = True
         if s.register_with:
             await _register_self(state)
@@ -104,18 +105,6 @@ async def bootstrap(state: AppState, llm_specs: list[LLMSpec] | None,
         registry.pending.clear()
         state.startup_error = f"startup failed: {e}"
         log.exception("startup failed")
-
-
-def _freeze_heap() -> None:
-    """Once everything is loaded, move the heap's objects (modules, tokenizers, model configs, the
-    router's tables) out of the cyclic garbage collector's reach, as vLLM's engine does. Python's
-    full collections otherwise walk all of them again and again under load (at 64 relayed streams
-    the gateway then spent 11 % more CPU per token; docs/routing.md). Objects made later (requests,
-    models loaded at run time) are collected as usual; a frozen object that becomes garbage is
-    still freed by its reference count, only a cycle among frozen objects would stay."""
-    gc.collect()
-    gc.freeze()
-    log.debug("gc: %d objects frozen", gc.get_freeze_count())
 
 
 def _discovery(state: AppState) -> K8sDiscovery | None:

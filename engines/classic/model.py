@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 
+from engines import heap
 from engines.classic.backends import Backend, create_instance
 from engines.classic.ensemble import EnsembleRunner
 from engines.classic.errors import Code, InferError
@@ -97,5 +98,6 @@ class ModelVersion:
                 self.stats.execution(request.batch_size, 1, 0, elapsed, 0)
 
     async def close(self) -> None:
+        heap.thaw()  # a model loaded at start-up is frozen; its cycles must be collectable (engines/heap.py)
         if self._scheduler is not None:
             await self._scheduler.close()

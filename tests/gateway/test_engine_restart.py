@@ -25,6 +25,7 @@ import httpx
 import pytest
 import uvicorn
 
+from engines import heap
 from gateway.app import create_app
 from gateway.settings import Settings
 from tests.servers import LLM_NAME, free_port, llm_only_repository, metric_value
@@ -150,6 +151,7 @@ def test_failed_forward_passes_end_requests_and_the_engine_comes_back(gw: InProc
             vars(model).pop("forward", None)
         _wait_health(gw.url, 200, 120)
         assert gw.restarts() == before + 1
+        assert not heap.frozen()  # the restart thawed the heap, so the dead manager's cycle is collectable
         assert "Paris" in _answer(http)
 
 
