@@ -15,6 +15,7 @@ import re
 from collections.abc import Iterator
 
 _SAMPLE = re.compile(r"[A-Za-z_:][A-Za-z0-9_:]*(?:\{.*\})?[ \t]+(\S+)(?:[ \t]+\S+)?[ \t]*")
+_NAME_END = re.compile(r"[ \t{]")
 _LABEL = re.compile(r'([A-Za-z_][A-Za-z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"')
 _UNESCAPE = {"\\\\": "\\", '\\"': '"', "\\n": "\n"}
 
@@ -23,7 +24,8 @@ def samples(text: str, names: tuple[str, ...]) -> Iterator[tuple[str, str, float
     """(name, label text, value) of every sample of `names`, in order. Raises ValueError on a
     malformed line among them, or when the first sample line is not a sample."""
     checked = False
-    for line in text.splitlines():
+    for line in text.split("\n"):  # not splitlines(): label values may hold \x85, \u2028, \x0c ...
+        line = line.rstrip("\r")
         if not line or line[0] == "#":
             continue
         if not checked:
@@ -34,15 +36,15 @@ def samples(text: str, names: tuple[str, ...]) -> Iterator[tuple[str, str, float
             checked = True
         if not line.startswith(names):
             continue
-        brace, space = line.find("{"), line.find(" ")
-        if brace != -1 and (space == -1 or brace < space):
+        m = _NAME_END.search(line)
+        if m is not None and m.group(0) == "{":
             end = line.rfind("}")
-            if end < brace:
+            if end < m.start():
                 raise ValueError(f"unclosed labels: {line[:80]!r}")
-            name, labels, rest = line[:brace], line[brace + 1:end], line[end + 1:]
+            name, labels, rest = line[:m.start()], line[m.start() + 1:end], line[end + 1:]
         else:
-            name, _, rest = line.partition(" ")
-            labels = ""
+            cut = len(line) if m is None else m.start()
+            name, labels, rest = line[:cut], "", line[cut:]
         if name not in names:  # a longer name that starts with one of them
             continue
         fields = rest.split()

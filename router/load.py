@@ -209,20 +209,26 @@ def parse_vllm_metrics(text: str) -> ScrapedMetrics:
         if name in ("vllm:num_requests_running", "vllm:num_requests_waiting"):
             sums[name] = sums.get(name, 0.0) + value
         elif name in ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"):
-            sums["usage"] = max(sums.get("usage", 0.0), value)
+            if math.isfinite(value):
+                sums["usage"] = max(sums.get("usage", 0.0), value)
         else:  # vllm:cache_config_info
             info = exposition.labels(label_text)
             block_size = _int_label(info, "block_size") or block_size
             num_blocks = _int_label(info, "num_gpu_blocks") or num_blocks
-    running = sums.get("vllm:num_requests_running")
-    waiting = sums.get("vllm:num_requests_waiting")
+    running = _count(sums.get("vllm:num_requests_running"))
+    waiting = _count(sums.get("vllm:num_requests_waiting"))
     return ScrapedMetrics(
-        running=None if running is None else int(running),
-        waiting=None if waiting is None else int(waiting),
+        running=running,
+        waiting=waiting,
         kv_usage=sums.get("usage"),
         block_size=block_size,
         num_gpu_blocks=num_blocks,
     )
+
+
+def _count(value: float | None) -> int | None:
+    """A request count; NaN, infinite or negative is unknown (int() of inf raises OverflowError)."""
+    return int(value) if value is not None and math.isfinite(value) and value >= 0 else None
 
 
 def _int_label(labels: dict[str, str], key: str) -> int | None:

@@ -56,6 +56,14 @@ def test_reads_what_the_full_parser_reads(text: str) -> None:
     assert parse_vllm_metrics(text) == reference(text)
 
 
+def test_line_breaks_tabs_and_non_finite_values() -> None:
+    text = ('vllm:num_requests_running{model_name="a\u2028b\x85c"} 2\n'  # line separators inside a label value
+            "vllm:num_requests_waiting\t3\n"  # a tab before the value
+            "vllm:kv_cache_usage_perc NaN\n")
+    assert parse_vllm_metrics(text) == ScrapedMetrics(running=2, waiting=3, kv_usage=None)
+    assert parse_vllm_metrics("vllm:num_requests_running +Inf\nvllm:num_requests_waiting -1\n") == ScrapedMetrics()
+
+
 def test_busy_exposition_values() -> None:
     assert parse_vllm_metrics(BUSY) == ScrapedMetrics(running=9, waiting=5, kv_usage=0.75, block_size=16,
                                                       num_gpu_blocks=4096)
