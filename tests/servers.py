@@ -97,6 +97,19 @@ def start_server(args: list[str], log_path: Path, *, env: dict[str, str] | None 
     return server
 
 
+def wait_health(url: str, status: int, timeout_s: float) -> None:
+    """Until `url`/health answers `status` (an in-process gateway, which has no process to watch)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(url + "/health", timeout=5).status_code == status:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.05)
+    raise AssertionError(f"/health never answered {status} within {timeout_s} s")
+
+
 def wait_healthy(server: Server, timeout_s: float, *, any_status: bool = False) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:

@@ -28,7 +28,7 @@ import uvicorn
 from engines import heap
 from gateway.app import create_app
 from gateway.settings import Settings
-from tests.servers import LLM_NAME, free_port, llm_only_repository, metric_value
+from tests.servers import LLM_NAME, free_port, llm_only_repository, metric_value, wait_health
 
 pytestmark = pytest.mark.integration
 
@@ -66,23 +66,11 @@ def gw(tmp_path_factory: pytest.TempPathFactory) -> Iterator[InProcessGateway]:
     g = InProcessGateway(tmp_path_factory.mktemp("restart"))
     g.thread.start()
     try:
-        _wait_health(g.url, 200, 300)
+        wait_health(g.url, 200, 300)
         yield g
     finally:
         g.server.should_exit = True
         g.thread.join(timeout=60)
-
-
-def _wait_health(url: str, status: int, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(url + "/health", timeout=5).status_code == status:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.05)
-    raise AssertionError(f"/health never answered {status} within {timeout_s} s")
 
 
 def _events_after_first_content(lines: Iterator[str], on_first: Any) -> list[str]:
@@ -149,7 +137,7 @@ def test_failed_forward_passes_end_requests_and_the_engine_comes_back(gw: InProc
         finally:
             broken.clear()
             vars(model).pop("forward", None)
-        _wait_health(gw.url, 200, 120)
+        wait_health(gw.url, 200, 120)
         assert gw.restarts() == before + 1
         assert not heap.frozen()  # the restart thawed the heap, so the dead manager's cycle is collectable
         assert "Paris" in _answer(http)
@@ -175,6 +163,6 @@ def test_a_thread_that_dies_without_answering_still_ends_its_streams(gw: InProce
             vars(model).pop("forward", None)
         error = json.loads(events[-2])["error"]
         assert "restarting" in error["message"] and events[-1] == "[DONE]", events[-3:]
-        _wait_health(gw.url, 200, 120)
+        wait_health(gw.url, 200, 120)
         assert gw.restarts() == before + 1
         assert "Paris" in _answer(http)

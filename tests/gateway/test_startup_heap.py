@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import gc
 import threading
-import time
 import weakref
 from pathlib import Path
 
@@ -20,7 +19,7 @@ import uvicorn
 from engines import heap
 from gateway.app import create_app
 from gateway.settings import Settings
-from tests.servers import free_port
+from tests.servers import free_port, wait_health
 
 
 def test_the_heap_is_frozen_once_the_gateway_is_ready(tmp_path: Path) -> None:
@@ -34,16 +33,7 @@ def test_the_heap_is_frozen_once_the_gateway_is_ready(tmp_path: Path) -> None:
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=5).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.05)
-        else:
-            raise AssertionError("the gateway never became ready")
+        wait_health(f"http://127.0.0.1:{port}", 200, 60)
         assert gc.get_freeze_count() > 1000  # the modules, settings and app are in the permanent generation
         assert httpx.get(f"http://127.0.0.1:{port}/v2/health/ready", timeout=5).status_code == 200
     finally:
