@@ -58,6 +58,8 @@ def _serve_parser(sub: Any) -> None:
     p.add_argument("--worker-stall-timeout-s", type=float,
                    help="end a worker stream that sent nothing for this long after its first chunk [60]")
     _classic_arguments(p)
+    p.add_argument("--frontends", type=int,
+                   help="server processes sharing the ports, to use more cores for protocol work [1]")
     p.add_argument("--log-level", help="[SLUICE_LOG_LEVEL; info]")
     p.add_argument("--log-format", choices=LOG_FORMATS, help="text, or json: one object per line [text]")
     _security_flags(p)
@@ -137,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
 
         return run_launch(args)
     try:
-        return _serve(args) if args.command == "serve" else _worker(args)
+        return _serve(args, sys.argv[1:] if argv is None else argv) if args.command == "serve" else _worker(args)
     except ValidationError as e:  # a message for the user, not a traceback
         for err in e.errors():
             where = ".".join(str(p) for p in err.get("loc", ()))
@@ -148,7 +150,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
 
-def _serve(args: argparse.Namespace) -> int:
+def _serve(args: argparse.Namespace, argv: list[str]) -> int:
+    from gateway import logs
+    from gateway.frontends import Supervisor, frontend_env
     from gateway.server import run
     from gateway.settings import Settings
 
@@ -159,8 +163,10 @@ def _serve(args: argparse.Namespace) -> int:
     settings = Settings(**given)
     if settings.model_repository is not None and not settings.model_repository.is_dir():
         raise ValueError(f"model repository {settings.model_repository} does not exist")
-    run(settings)
-    return 0
+    if settings.frontends > 1 and frontend_env() is None:
+        logs.configure(settings.log_level, settings.log_format)
+        return Supervisor(argv, settings.frontends).run()
+    return run(settings)
 
 
 def _worker(args: argparse.Namespace) -> int:
@@ -187,8 +193,7 @@ def _worker(args: argparse.Namespace) -> int:
                         engine_max_batch_size=args.max_batch_size, register_with=args.gateway,
                         worker_name=args.name or f"transformers-{args.port}", log_level=args.log_level,
                         advertise_url=f"http://{advertise}:{args.port}" if advertise else None)
-    run(settings, [LLMSpec(name, model_dir, max_batch_size=args.max_batch_size)])
-    return 0
+    return run(settings, [LLMSpec(name, model_dir, max_batch_size=args.max_batch_size)])
 
 
 if __name__ == "__main__":

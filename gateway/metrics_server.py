@@ -14,20 +14,23 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry
 
 from engines.errors import SluiceError
+from gateway.peers import Peers, exposition
 from gateway.security.access import Access
 from gateway.security.guard import Security
 
 log = logging.getLogger("sluice.metrics")
 _MAX_HEAD_BYTES = 16 * 1024
 _HEAD_TIMEOUT_S = 10.0
+_PENDING = b"\0"  # the exposition, read after the access check (it may ask sibling frontends)
 
 
 class MetricsServer:
-    def __init__(self, registry: CollectorRegistry, security: Security, host: str, port: int) -> None:
-        self._registry, self._security = registry, security
+    def __init__(self, registry: CollectorRegistry, security: Security, host: str, port: int,
+                 peers: Peers | None = None) -> None:
+        self._registry, self._security, self._peers = registry, security, peers
         self._host, self._port = host, port
         self._server: asyncio.Server | None = None
 
@@ -38,8 +41,9 @@ class MetricsServer:
         return int(self._server.sockets[0].getsockname()[1])
 
     async def start(self) -> None:
+        # Frontends of `--frontends N` share the port, as they share the API port.
         self._server = await asyncio.start_server(self._serve, self._host, self._port,
-                                                  limit=_MAX_HEAD_BYTES)
+                                                  limit=_MAX_HEAD_BYTES, reuse_port=self._peers is not None)
         log.info("metrics on port %d (/metrics)", self.port)
 
     async def stop(self) -> None:
@@ -53,6 +57,8 @@ class MetricsServer:
             async with asyncio.timeout(_HEAD_TIMEOUT_S):
                 head = await reader.readuntil(b"\r\n\r\n")
             status, headers, body = self._answer(head.decode("latin-1"))
+            if status == "200 OK" and body is _PENDING:
+                body = await exposition(self._registry, self._peers)
         except (TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ConnectionError):
             writer.close()
             return
@@ -82,5 +88,4 @@ class MetricsServer:
         except SluiceError as e:
             return "401 Unauthorized", {"WWW-Authenticate": "Bearer", "Content-Type": "text/plain"}, \
                 (e.message + "\n").encode()
-        body = generate_latest(self._registry)
-        return "200 OK", {"Content-Type": CONTENT_TYPE_LATEST}, b"" if method == "HEAD" else body
+        return "200 OK", {"Content-Type": CONTENT_TYPE_LATEST}, b"" if method == "HEAD" else _PENDING

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST
 
 from gateway import __version__
+from gateway.peers import exposition
 from gateway.state import state_of
 
 router = APIRouter()
@@ -33,4 +34,5 @@ async def version() -> JSONResponse:
 
 @router.get("/metrics")
 async def metrics(request: Request) -> Response:
-    return Response(generate_latest(state_of(request).registry), media_type=CONTENT_TYPE_LATEST)
+    st = state_of(request)
+    return Response(await exposition(st.registry, st.peers), media_type=CONTENT_TYPE_LATEST)

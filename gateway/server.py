@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+import socket
 from types import FrameType
 from typing import Any
 
@@ -22,6 +23,7 @@ import uvicorn
 from gateway import logs
 from gateway.app import create_app
 from gateway.drain import shutting_down
+from gateway.frontends import STARTUP_FAILED, frontend_env
 from gateway.http_protocol import protocol_with_header_timeout
 from gateway.llm.local import LLMSpec
 from gateway.settings import Settings
@@ -32,7 +34,8 @@ log = logging.getLogger("sluice.server")
 _AFTER_DEADLINE_S = 5.0
 
 
-def run(settings: Settings, llm_specs: list[LLMSpec] | None = None) -> None:
+def run(settings: Settings, llm_specs: list[LLMSpec] | None = None) -> int:
+    """Serve until told to stop; the exit status (`STARTUP_FAILED` when start-up failed)."""
     level = settings.log_level
     logs.configure(level, settings.log_format)
     app = create_app(settings, llm_specs)
@@ -48,7 +51,23 @@ def run(settings: Settings, llm_specs: list[LLMSpec] | None = None) -> None:
                             http=protocol_with_header_timeout(settings.header_timeout_s),
                             limit_concurrency=2 * settings.max_inflight_requests, timeout_keep_alive=5,
                             log_config=logs.uvicorn_log_config(settings.log_format))
-    DrainingServer(config, app.state.sluice, settings.drain_timeout_s).run()
+    server = DrainingServer(config, app.state.sluice, settings.drain_timeout_s)
+    # A frontend (gateway.frontends) shares the port; uvicorn listens on the socket after start-up.
+    server.run(sockets=[shared_socket(settings.host, settings.http_port)] if frontend_env() else None)
+    return 0 if server.started else STARTUP_FAILED
+
+
+def shared_socket(host: str, port: int) -> socket.socket:
+    """A TCP socket bound with SO_REUSEPORT and not yet listening: until it listens, the kernel
+    sends its connections to the frontends that do."""
+    family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
+                                                         flags=socket.AI_PASSIVE)[0]
+    sock = socket.socket(family, kind, proto)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    sock.bind(address)
+    sock.setblocking(False)
+    return sock
 
 
 async def drain(state: AppState, timeout_s: float) -> None:

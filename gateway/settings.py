@@ -80,6 +80,8 @@ class Settings(BaseSettings):
     grpc_max_message_bytes: int = Field(default=GrpcLimits().max_message_bytes, ge=1024, le=2**31 - 1)
     grpc_max_concurrent_rpcs: int = Field(default=GrpcLimits().max_concurrent_rpcs, ge=1)
     grpc_max_stream_inflight: int = Field(default=GrpcLimits().max_stream_inflight, ge=1)
+    # `--frontends N`: N server processes share the ports (gateway.frontends); 1: this process serves.
+    frontends: int = Field(default=1, ge=1, le=64)
     # Worker mode (`sluice worker --engine transformers --gateway URL`): register there once ready.
     register_with: str | None = None
     worker_name: str | None = None
@@ -112,7 +114,23 @@ class Settings(BaseSettings):
             parse_discovery(spec)
         if self.k8s_discovery:
             require_client()
+        if self.frontends > 1:
+            self._frontends_allowed()
         return self
+
+    def _frontends_allowed(self) -> None:
+        """What N copies of the server cannot keep consistent (gateway.frontends)."""
+        why = None
+        if self.http_port == 0 or self.metrics_port == 0:
+            why = "the ports must be given (the frontends share them; 0 would give each its own)"
+        elif self.model_control_mode == "explicit" or self.allow_model_uploads:
+            why = "explicit model control would load or unload a model in one frontend only"
+        elif self.register_with is not None:
+            why = "a worker registers one URL with its gateway"
+        elif (self.quota_rpm or self.quota_tpm or self.quota_concurrency) and self.redis_url is None:
+            why = "per-key quotas need --redis-url (each frontend would grant the whole quota)"
+        if why is not None:
+            raise ValueError(f"--frontends {self.frontends}: {why}")
 
     def router_config(self) -> RouterConfig:
         # The routing cost has no knobs: it is in seconds and learns its coefficients (docs/routing.md).

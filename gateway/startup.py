@@ -1,7 +1,8 @@
 """Start-up and shutdown, in one place.
 
 The HTTP server listens first; models load in a background task, so `/health`
-answers 503 until every model can serve. Order: the router's drivers and gRPC,
+answers 503 until every model can serve. A frontend of `--frontends N` loads first
+and opens its ports after (gateway.frontends). Order: the router's drivers and gRPC,
 then the classic repository (it scans `config.pbtxt` once, LLM configs included),
 then static workers, discovered workers (Kubernetes EndpointSlices) or in-process
 LLMs, then the embeddings bridge, then — in
@@ -24,9 +25,11 @@ from engines.errors import SluiceError
 from engines.launchers.registration import WorkerRecord, deregister, register
 from gateway.discovery import K8sDiscovery, parse_discovery
 from gateway.embeddings import EmbeddingBridge
+from gateway.frontends import frontend_env
 from gateway.llm.local import LLMSpec, specs_from_configs, start_local_llm, stop_local_engines
 from gateway.llm.workers import discover_kv_events, parse_worker_arg
 from gateway.metrics_server import MetricsServer
+from gateway.peers import Peers
 from gateway.state import AppState
 
 log = logging.getLogger("sluice.startup")
@@ -38,16 +41,30 @@ async def lifespan(state: AppState, llm_specs: list[LLMSpec] | None) -> AsyncIte
     """`llm_specs` overrides the LLMs of the repository (worker mode)."""
     _announce_access(state)
     await state.security.quotas.start()
-    grpc_server = await _start_grpc(state)
-    metrics_server = await _start_metrics_server(state)
+    frontend = frontend_env()
+    if frontend is not None:  # one of --frontends N: its siblings ask it for metrics and statistics
+        _refuse_local_quotas(state)
+        state.peers = Peers(frontend[1], frontend[0], state.settings.frontends, state.registry, state.classic)
+        await state.peers.start()
     await state.router.start()
     discovery = _discovery(state)
-    task = asyncio.create_task(bootstrap(state, llm_specs, discovery), name="sluice-bootstrap")
+    task: asyncio.Task[None] | None = None
+    if frontend is None:
+        grpc_server, metrics_server = await _start_grpc(state), await _start_metrics_server(state)
+        task = asyncio.create_task(bootstrap(state, llm_specs, discovery), name="sluice-bootstrap")
+    else:
+        # A frontend opens its ports once ready (uvicorn listens after this start-up returns): the
+        # kernel then sends connections only to frontends that can serve them.
+        await bootstrap(state, llm_specs, discovery)
+        if state.startup_error is not None:
+            raise RuntimeError(state.startup_error)
+        grpc_server, metrics_server = await _start_grpc(state), await _start_metrics_server(state)
     try:
         yield
     finally:
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
         if discovery is not None:
             await discovery.stop()
         s = state.settings
@@ -64,6 +81,8 @@ async def lifespan(state: AppState, llm_specs: list[LLMSpec] | None) -> AsyncIte
         await state.security.quotas.stop()
         if metrics_server is not None:
             await metrics_server.stop()
+        if state.peers is not None:
+            await state.peers.stop()
         await asyncio.to_thread(state.llm.tracing.shutdown)  # flushes buffered spans
         heap.thaw()  # what shutdown dropped can be collected (an app run inside a larger process)
 
@@ -86,6 +105,7 @@ async def bootstrap(state: AppState, llm_specs: list[LLMSpec] | None,
             await discovery.start()
             await discovery.synced.wait()
         if llm_specs is None and state.classic is not None and not s.workers_only:
+            _refuse_llms_in_frontends(state)
             llm_specs = await asyncio.to_thread(specs_from_configs, state.classic.llm_model_configs(),
                                                 state.classic.repo_dir, s.served_llms)
         registry.pending.update(spec.name for spec in llm_specs or [])
@@ -107,6 +127,25 @@ async def bootstrap(state: AppState, llm_specs: list[LLMSpec] | None,
         log.exception("startup failed")
 
 
+def _refuse_local_quotas(state: AppState) -> None:
+    """Settings refuse quota flags without Redis; a keys file may carry per-key quotas too."""
+    s = state.settings
+    limited = [p.id for p in state.security.api.principals() if not p.limits.unlimited]
+    if limited and s.redis_url is None:
+        raise SluiceError(f"--frontends {s.frontends}: keys {', '.join(limited[:5])} have quotas, which need "
+                          "--redis-url (each frontend would grant the whole quota)")
+
+
+def _refuse_llms_in_frontends(state: AppState) -> None:
+    s = state.settings
+    assert state.classic is not None
+    names = [n for n in state.classic.llm_model_configs() if not s.served_llms or n in s.served_llms]
+    if s.frontends > 1 and names:
+        raise SluiceError(f"--frontends {s.frontends}: every frontend would load its own copy of LLM(s) "
+                          f"{', '.join(sorted(names))}; serve them from a worker (`sluice worker`, then --worker), "
+                          "or serve a repository without LLMs")
+
+
 def _discovery(state: AppState) -> K8sDiscovery | None:
     specs = [parse_discovery(spec) for spec in state.settings.k8s_discovery]
     return K8sDiscovery(specs, state.workers) if specs else None
@@ -118,14 +157,15 @@ async def _start_grpc(state: AppState) -> Any:
         return None
     from gateway.kserve.grpc import start_grpc_server
 
-    return await start_grpc_server(state.classic, state.llm, s.host, s.grpc_port, s.grpc_limits(), state.security)
+    return await start_grpc_server(state.classic, state.llm, s.host, s.grpc_port, s.grpc_limits(), state.security,
+                                   state.peers)
 
 
 async def _start_metrics_server(state: AppState) -> MetricsServer | None:
     s = state.settings
     if s.metrics_port is None:
         return None
-    server = MetricsServer(state.registry, state.security, s.host, s.metrics_port)
+    server = MetricsServer(state.registry, state.security, s.host, s.metrics_port, state.peers)
     await server.start()
     return server
 

@@ -22,6 +22,7 @@ from router import Router
 if TYPE_CHECKING:
     from engines.classic.manager import ModelRepositoryManager
     from gateway.embeddings import EmbeddingBridge
+    from gateway.peers import Peers
 
 
 @dataclass(slots=True)
@@ -40,6 +41,7 @@ class AppState:
     ready: bool = False  # set once every model can serve
     startup_error: str | None = None
     drain: Drain = field(default_factory=Drain)  # in-flight requests; draining after SIGTERM
+    peers: Peers | None = None  # the sibling frontends of `--frontends N`
 
 
 def state_of(request: Request) -> AppState:

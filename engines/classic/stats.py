@@ -15,7 +15,8 @@ from __future__ import annotations
 import threading
 import time
 from bisect import bisect_left
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
+from typing import Any
 
 # Triton's reasons for a failed request (`nv_inference_request_failure{reason}`): refused by the
 # scheduler (queue full, queue timeout, model unloading), cancelled by its client, failed in the
@@ -139,3 +140,50 @@ class ModelStats:
                  for k, v in s.batch_stats.items()},
                 dict(s.failures), {p: h.copy() for p, h in s.phases.items()},
             )
+
+
+def merge_snapshots(parts: list[StatsSnapshot]) -> StatsSnapshot:
+    """One version's statistics summed over the processes that serve it (`--frontends N`):
+    counts and durations add, `last_inference` is the latest."""
+    total = StatsSnapshot(parts[0].name, parts[0].version)
+    for s in parts:
+        total.last_inference_ms = max(total.last_inference_ms, s.last_inference_ms)
+        total.inference_count += s.inference_count
+        total.execution_count += s.execution_count
+        total.pending_count += s.pending_count
+        for key in ("success", "fail", "queue", "compute_input", "compute_infer", "compute_output"):
+            part: Duration = getattr(s, key)
+            getattr(total, key).add(part.ns, part.count)
+        for size, b in s.batch_stats.items():
+            into = total.batch_stats.setdefault(size, BatchStat())
+            for key in ("compute_input", "compute_infer", "compute_output"):
+                part = getattr(b, key)
+                getattr(into, key).add(part.ns, part.count)
+        for reason, n in s.failures.items():
+            total.failures[reason] = total.failures.get(reason, 0) + n
+        for phase, h in s.phases.items():
+            into_h = total.phases.setdefault(phase, PhaseHistogram())
+            into_h.counts = [a + b for a, b in zip(into_h.counts, h.counts, strict=True)]
+            into_h.sum_ns += h.sum_ns
+    return total
+
+
+def snapshot_to_dict(s: StatsSnapshot) -> dict[str, Any]:
+    return asdict(s)
+
+
+def snapshot_from_dict(d: dict[str, Any]) -> StatsSnapshot:
+    """The inverse of `snapshot_to_dict` (JSON keys of `batch_stats` come back as strings)."""
+    def duration(x: dict[str, Any]) -> Duration:
+        return Duration(int(x["count"]), int(x["ns"]))
+
+    return StatsSnapshot(
+        str(d["name"]), str(d["version"]), int(d["last_inference_ms"]), int(d["inference_count"]),
+        int(d["execution_count"]), int(d["pending_count"]), duration(d["success"]), duration(d["fail"]),
+        duration(d["queue"]), duration(d["compute_input"]), duration(d["compute_infer"]),
+        duration(d["compute_output"]),
+        {int(k): BatchStat(duration(v["compute_input"]), duration(v["compute_infer"]), duration(v["compute_output"]))
+         for k, v in d["batch_stats"].items()},
+        {str(k): int(v) for k, v in d["failures"].items()},
+        {str(k): PhaseHistogram([int(c) for c in v["counts"]], int(v["sum_ns"])) for k, v in d["phases"].items()},
+    )

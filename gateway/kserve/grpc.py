@@ -30,11 +30,13 @@ from engines.classic.errors import Code, InferError, invalid
 from engines.classic.manager import ModelRepositoryManager
 from engines.classic.names import check_model_name
 from engines.errors import SluiceError
+from gateway import peers
 from gateway.kserve import generate, grpc_infer, views
 from gateway.kserve.errors import grpc_status
 from gateway.limits import GrpcLimits
 from gateway.llm.dispatch import Dispatch
 from gateway.llm.service import LLMService
+from gateway.peers import Peers
 from gateway.security.access import current_key_id
 from gateway.security.grpc import AccessInterceptor
 from gateway.security.guard import Security
@@ -49,8 +51,10 @@ async def _abort(context: grpc.aio.ServicerContext, exc: SluiceError) -> None:
 
 class KServeServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: ignore[misc]
     def __init__(self, manager: ModelRepositoryManager, llm_service: LLMService,
-                 limits: GrpcLimits | None = None, quotas: QuotaService | None = None) -> None:
+                 limits: GrpcLimits | None = None, quotas: QuotaService | None = None,
+                 peers: Peers | None = None) -> None:
         self.m = manager
+        self.peers = peers  # sibling frontends of `--frontends N`, asked for statistics
         self.llm = llm_service
         self.limits = limits or GrpcLimits()
         self.quotas = quotas
@@ -90,7 +94,10 @@ class KServeServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: ig
 
     async def ModelStatistics(self, request: pb.ModelStatisticsRequest, context: Any) -> Any:
         async def run() -> pb.ModelStatisticsResponse:
-            return views.statistics(self.m, request.name, request.version)
+            if request.name:
+                check_model_name(request.name)
+            snaps = await peers.statistics(self.m, self.peers, request.name, request.version)
+            return views.statistics_response(snaps)
         return await self._guard(context, run)
 
     async def RepositoryIndex(self, request: pb.RepositoryIndexRequest, context: Any) -> Any:
@@ -228,16 +235,20 @@ class KServeServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: ig
 
 
 async def start_grpc_server(manager: ModelRepositoryManager, llm_service: LLMService, host: str, port: int,
-                            limits: GrpcLimits | None = None, security: Security | None = None
-                            ) -> grpc.aio.Server:
+                            limits: GrpcLimits | None = None, security: Security | None = None,
+                            peers: Peers | None = None) -> grpc.aio.Server:
     """Create, bind and start the KServe gRPC server; raises RuntimeError if the port cannot be bound."""
     limits = limits or GrpcLimits()
     interceptors = [AccessInterceptor(security, grpc_status)] if security is not None else []
     server = grpc.aio.server(interceptors=interceptors,
                              options=[("grpc.max_receive_message_length", limits.max_message_bytes),
-                                      ("grpc.max_send_message_length", limits.max_message_bytes)],
+                                      ("grpc.max_send_message_length", limits.max_message_bytes),
+                                      # Frontends share the port; a single server must not share it
+                                      # with a stale one unnoticed (grpc's default is to allow it).
+                                      ("grpc.so_reuseport", 1 if peers is not None else 0)],
                              maximum_concurrent_rpcs=limits.max_concurrent_rpcs)
-    servicer = KServeServicer(manager, llm_service, limits, security.quotas if security is not None else None)
+    servicer = KServeServicer(manager, llm_service, limits, security.quotas if security is not None else None,
+                              peers)
     service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, server)
     if server.add_insecure_port(f"{host}:{port}") == 0:
         raise RuntimeError(f"cannot bind the gRPC server to {host}:{port}")

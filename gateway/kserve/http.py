@@ -21,11 +21,13 @@ from engines.classic.errors import Code, InferError, invalid
 from engines.classic.manager import ModelRepositoryManager
 from engines.classic.names import check_model_name
 from engines.errors import SluiceError
+from gateway import peers
 from gateway.kserve import generate, views
 from gateway.kserve.errors import http_status, retry_headers
 from gateway.kserve.http_infer import decode_request, encode_response
 from gateway.llm.service import LLMService
 from gateway.security.access import key_id_of, require_admin
+from gateway.state import state_of
 
 log = logging.getLogger("sluice.kserve.http")
 HEADER_LENGTH = "Inference-Header-Content-Length"
@@ -65,6 +67,13 @@ async def read_json(request: Request) -> dict[str, Any]:
     return data
 
 
+async def _stats(m: ModelRepositoryManager, request: Request, name: str, version: str) -> Response:
+    if name:
+        check_model_name(name)
+    snaps = await peers.statistics(m, state_of(request).peers, name, version)
+    return _json(views.to_dict(views.statistics_response(snaps)))
+
+
 def build_router(manager: ModelRepositoryManager, llm: LLMService) -> APIRouter:
     router = APIRouter()
     _server_routes(router, manager)
@@ -88,8 +97,8 @@ def _server_routes(router: APIRouter, m: ModelRepositoryManager) -> None:
         return Response(status_code=200 if m.ready() else 503)
 
     @router.get("/v2/models/stats")
-    async def all_stats() -> Response:
-        return await guarded(lambda: _json(views.to_dict(views.statistics(m, "", ""))))
+    async def all_stats(request: Request) -> Response:
+        return await guarded(lambda: _stats(m, request, "", ""))
 
 
 def _repository_routes(router: APIRouter, m: ModelRepositoryManager, llm: LLMService) -> None:
@@ -150,8 +159,8 @@ def _model_routes(router: APIRouter, prefix: str, m: ModelRepositoryManager, llm
         return await guarded(lambda: _json(views.to_dict(views.model_config(m, llm, name, version))))
 
     @router.get(prefix + "/stats")
-    async def stats(name: str, version: str = "") -> Response:
-        return await guarded(lambda: _json(views.to_dict(views.statistics(m, name, version))))
+    async def stats(name: str, request: Request, version: str = "") -> Response:
+        return await guarded(lambda: _stats(m, request, name, version))
 
     @router.post(prefix + "/infer")
     async def infer(name: str, request: Request, version: str = "") -> Response:

@@ -47,10 +47,8 @@ def model_statistics(s: StatsSnapshot) -> pb.ModelStatistics:
     )
 
 
-def statistics(manager: ModelRepositoryManager, name: str, version: str) -> pb.ModelStatisticsResponse:
-    if name:
-        check_model_name(name)
-    return pb.ModelStatisticsResponse(model_stats=[model_statistics(s) for s in manager.statistics(name, version)])
+def statistics_response(snaps: list[StatsSnapshot]) -> pb.ModelStatisticsResponse:
+    return pb.ModelStatisticsResponse(model_stats=[model_statistics(s) for s in snaps])
 
 
 def _tensor_meta(config: mc.ModelConfig, tensor: Any) -> pb.ModelMetadataResponse.TensorMetadata:
