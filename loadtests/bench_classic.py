@@ -14,7 +14,7 @@ same single rows from as many threads, and the throughput by batch size (1..64) 
 which is the most batching can gain on this CPU.
 
     flock /tmp/sluice-bench.lock .venv/bin/python loadtests/bench_classic.py [--duration-s 3] [--rounds 2]
-        [--frontends 1] [--server-src DIR] [--tag NAME]
+        [--frontends 1,2] [--server-src DIR] [--tag NAME]
 
 Writes loadtests/reports/classic[-TAG].json and .png. Loops are bounded by count and time; only
 127.0.0.1 is targeted. KServe runs from its own venv (scripts/ensure_kserve_venv.sh).
@@ -93,7 +93,10 @@ def run_segment(target: Target, proto: str, model: str, concurrency: int, data: 
               "p50_ms": round(float(lat[n // 2]) * 1000, 3) if n else None,
               "p99_ms": round(float(lat[min(n - 1, int(0.99 * n))]) * 1000, 3) if n else None,
               "server_cpu_us_per_req": round(cpu / n * 1e6, 1) if n else None,
-              "server_cpu_cores": round(cpu / wall, 2)}
+              "server_cpu_cores": round(cpu / wall, 2),
+              # The clients share the machine's cores with the server: what they spend bounds the rest.
+              "client_cpu_us_per_req": round(sum(o["cpu_s"] for o in outs) / n * 1e6, 1) if n else None,
+              "client_cpu_cores": round(sum(o["cpu_s"] for o in outs) / wall, 2)}
     after_stats = target.batch_stats(model)
     if before_stats and after_stats:
         rows, execs = (a - b for a, b in zip(after_stats, before_stats, strict=True))
@@ -109,13 +112,14 @@ def bench(targets: list[Target], args: argparse.Namespace, data: dict[str, Path]
             for c in args.concurrency:
                 for r in range(args.rounds):
                     order = targets if r % 2 == 0 else targets[::-1]
-                    for target in order:
+                    for target in (t for t in order if proto in t.protocols):
                         res = run_segment(target, proto, model, c, data[model], args)
                         res["round"] = r
                         key = (model, proto, target.name)
                         print(f"{model:6s} {proto:4s} {target.name:18s} c={c:<3d} r{r} {res['throughput_rps']:>8.1f} "
                               f"req/s p50 {res['p50_ms']} ms p99 {res['p99_ms']} ms cpu "
-                              f"{res['server_cpu_us_per_req']} us/req batch {res.get('avg_batch_rows', '-')} "
+                              f"{res['server_cpu_us_per_req']} us/req client {res['client_cpu_us_per_req']} us/req "
+                              f"batch {res.get('avg_batch_rows', '-')} "
                               f"err {res['errors']}", flush=True)
                         series.setdefault(key, []).append(res)
     out = []
@@ -137,10 +141,22 @@ def summarise(series: list[dict], limits: dict) -> dict:
         if target != "sluice batched":
             continue
         kserve = by.get((model, proto, "kserve"), {})
+        scaled = {t.split(", ")[1]: r for (m, p, t), r in by.items()
+                  if m == model and p == proto and t.startswith("sluice batched, ")}
+        kserve_scaled = {t.split(", ")[1]: r for (m, p, t), r in by.items()
+                         if m == model and p == proto and t.startswith("kserve, ")}
         unbatched = by.get((model, proto, "sluice unbatched"), {})
         entry: dict = {}
         if 32 in rows and 32 in kserve:
             entry["vs_kserve_at_32"] = round(rows[32]["throughput_rps"] / kserve[32]["throughput_rps"], 2)
+        for frontends, other in scaled.items():
+            if 32 in other and 32 in kserve:
+                entry[f"vs_kserve_at_32_with_{frontends.replace(' ', '_')}"] = round(
+                    other[32]["throughput_rps"] / kserve[32]["throughput_rps"], 2)
+            for workers, peer in kserve_scaled.items():  # the same number of processes on each side
+                if 32 in other and 32 in peer:
+                    entry[f"{frontends.replace(' ', '_')}_vs_kserve_{workers.replace(' ', '_')}_at_32"] = round(
+                        other[32]["throughput_rps"] / peer[32]["throughput_rps"], 2)
         if 32 in rows and 32 in unbatched:
             entry["batching_gain_at_32"] = round(rows[32]["throughput_rps"] / unbatched[32]["throughput_rps"], 2)
         if 1 in unbatched:
@@ -213,7 +229,10 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--models", type=lambda s: s.split(","), default=["digits", "cnn"])
     p.add_argument("--protocols", type=lambda s: s.split(","), default=["grpc", "http"])
     p.add_argument("--targets", type=lambda s: s.split(","), default=["sluice", "kserve"])
-    p.add_argument("--frontends", type=int, default=1, help="Sluice's --frontends")
+    p.add_argument("--frontends", type=lambda s: [int(x) for x in s.split(",")], default=[1, 2],
+                   help="a Sluice server for each value of its --frontends (1: batched and unbatched; more: batched)")
+    p.add_argument("--kserve-workers", type=lambda s: [int(x) for x in s.split(",")], default=[1, 2],
+                   help="a KServe server for each value of its --workers (more than 1: HTTP only)")
     p.add_argument("--server-src", type=Path, default=ROOT, help="the Sluice checkout to serve from")
     p.add_argument("--tag", default="")
     p.add_argument("--out", type=Path, default=ROOT / "loadtests" / "reports")
@@ -231,10 +250,15 @@ def main() -> None:
         repo, files, data = build_repo(root)
         load0 = load_average()
         if "sluice" in args.targets:
-            sluice = start_sluice(root, repo, args.server_src, args.frontends)
-            targets += [sluice.as_target("sluice batched", "dyn"), sluice.as_target("sluice unbatched", "nodyn")]
+            for n in args.frontends:
+                sluice = start_sluice(root, repo, args.server_src, n)
+                if n == 1:
+                    targets += [sluice.as_target("sluice batched", "dyn"),
+                                sluice.as_target("sluice unbatched", "nodyn")]
+                else:
+                    targets.append(sluice.as_target(f"sluice batched, {n} frontends", "dyn"))
         if "kserve" in args.targets:
-            targets.append(start_kserve(root, files))
+            targets += [start_kserve(root, files, n) for n in args.kserve_workers]
         limits = {m: inprocess_limit(files[m], MODELS[m], np.load(data[m]), args) for m in args.models}
         series = bench(targets, args, data)
         report = {

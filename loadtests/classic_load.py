@@ -3,13 +3,15 @@
 Started by `bench_classic.py`, never by hand. Connects, warms up, prints `ready`, waits for a
 line on stdin, then runs `--threads` threads (each with its own client) until `--duration-s`
 passes or `--max-requests` have been sent in total, and prints one JSON line: latencies (s),
-errors, the first error's text, and the wall time of the run. Bounded in count and time.
+errors, the first error's text, the wall time of the run and the process's own CPU seconds in
+it. Bounded in count and time.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import resource
 import sys
 import threading
 import time
@@ -89,14 +91,17 @@ def main() -> None:
     warmed.wait(timeout=60)
     print("ready", flush=True)
     sys.stdin.readline()
+    usage0 = resource.getrusage(resource.RUSAGE_SELF)
     start = time.perf_counter()
     deadline[0] = start + args.duration_s
     go.set()
     for t in threads:
         t.join()
     elapsed = time.perf_counter() - start
+    usage1 = resource.getrusage(resource.RUSAGE_SELF)
+    cpu_s = (usage1.ru_utime - usage0.ru_utime) + (usage1.ru_stime - usage0.ru_stime)
     print(json.dumps({"latencies": [x for per in latencies for x in per], "errors": len(errors),
-                      "first_error": errors[0] if errors else None, "elapsed_s": elapsed}), flush=True)
+                      "first_error": errors[0] if errors else None, "elapsed_s": elapsed, "cpu_s": cpu_s}), flush=True)
 
 
 if __name__ == "__main__":

@@ -95,6 +95,7 @@ class Target:
     stats_url: str | None = None
     owner: bool = True  # stop() ends the process
     extra: list[Target] = field(default_factory=list)
+    protocols: tuple[str, ...] = ("grpc", "http")  # the ones this target is measured on
 
     def url(self, proto: str) -> str:
         return self.grpc if proto == "grpc" else self.http
@@ -158,17 +159,22 @@ def kserve_python() -> Path:
     return Path(venv) / "bin" / "python"
 
 
-def start_kserve(root: Path, files: dict[str, Path]) -> Target:
+def start_kserve(root: Path, files: dict[str, Path], workers: int = 1) -> Target:
+    """KServe's ModelServer; `workers` > 1 is its own multi-process REST server (`--workers`),
+    measured over HTTP only: its gRPC server stays in the main process."""
     http_port, grpc_port = free_port(), free_port()
-    log = root / "kserve.log"
+    log = root / f"kserve-{workers}.log"
     cmd = [str(kserve_python()), str(ROOT / "loadtests" / "kserve_peer.py"), "--http_port", str(http_port),
-           "--grpc_port", str(grpc_port)]
+           "--grpc_port", str(grpc_port), "--workers", str(workers)]
     for model, path in files.items():
         cmd += ["--model", f"{model}={path}"]
     with open(log, "wb") as out:
         proc = subprocess.Popen(cmd, cwd=root, stdout=out, stderr=subprocess.STDOUT)
     _wait(f"http://127.0.0.1:{http_port}/v2/health/ready", proc, log)
-    return Target("kserve", f"127.0.0.1:{http_port}", f"127.0.0.1:{grpc_port}", proc, {m: m for m in files})
+    if workers == 1:
+        return Target("kserve", f"127.0.0.1:{http_port}", f"127.0.0.1:{grpc_port}", proc, {m: m for m in files})
+    return Target(f"kserve, {workers} workers", f"127.0.0.1:{http_port}", f"127.0.0.1:{grpc_port}", proc,
+                  {m: m for m in files}, protocols=("http",))
 
 
 def load_average() -> list[float]:

@@ -43,6 +43,15 @@ class OnnxModel(kserve.Model):
         self.ready = True
         return True
 
+    # `--workers N` starts N REST processes and hands them the model by pickle: each opens its own session.
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "session": None}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        if self.ready:
+            self.load()
+
     async def predict(self, payload: InferRequest, headers: dict[str, str] | None = None,
                       response_headers: dict[str, str] | None = None) -> InferResponse:
         assert self.session is not None
