@@ -45,6 +45,7 @@ from loadtests.classic_servers import (
     inprocess_limit,
     load_average,
     start_kserve,
+    start_null,
     start_sluice,
 )
 
@@ -228,7 +229,9 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--concurrency", type=lambda s: [int(x) for x in s.split(",")], default=list(CONCURRENCY))
     p.add_argument("--models", type=lambda s: s.split(","), default=["digits", "cnn"])
     p.add_argument("--protocols", type=lambda s: s.split(","), default=["grpc", "http"])
-    p.add_argument("--targets", type=lambda s: s.split(","), default=["sluice", "kserve"])
+    p.add_argument("--targets", type=lambda s: s.split(","), default=["sluice", "kserve", "null"])
+    p.add_argument("--null-processes", type=lambda s: [int(x) for x in s.split(",")], default=[1, 2],
+                   help="a null server (null_server.py: the protocol alone) for each process count")
     p.add_argument("--frontends", type=lambda s: [int(x) for x in s.split(",")], default=[1, 2],
                    help="a Sluice server for each value of its --frontends (1: batched and unbatched; more: batched)")
     p.add_argument("--kserve-workers", type=lambda s: [int(x) for x in s.split(",")], default=[1, 2],
@@ -259,6 +262,8 @@ def main() -> None:
                     targets.append(sluice.as_target(f"sluice batched, {n} frontends", "dyn"))
         if "kserve" in args.targets:
             targets += [start_kserve(root, files, n) for n in args.kserve_workers]
+        if "null" in args.targets:
+            targets += [start_null(root, n) for n in args.null_processes]
         limits = {m: inprocess_limit(files[m], MODELS[m], np.load(data[m]), args) for m in args.models}
         series = bench(targets, args, data)
         report = {

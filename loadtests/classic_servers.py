@@ -177,6 +177,19 @@ def start_kserve(root: Path, files: dict[str, Path], workers: int = 1) -> Target
                   {m: m for m in files}, protocols=("http",))
 
 
+def start_null(root: Path, processes: int = 1) -> Target:
+    """`null_server.py`: the protocol libraries alone, the floor of any server built on them."""
+    http_port, grpc_port = free_port(), free_port()
+    log = root / f"null-{processes}.log"
+    cmd = [sys.executable, str(ROOT / "loadtests" / "null_server.py"), "--http-port", str(http_port),
+           "--grpc-port", str(grpc_port), "--processes", str(processes)]
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
+    _wait(f"http://127.0.0.1:{http_port}/v2/health/ready", proc, log)
+    name = "null server" + (f", {processes} processes" if processes > 1 else "")
+    return Target(name, f"127.0.0.1:{http_port}", f"127.0.0.1:{grpc_port}", proc, {m: m for m in MODELS})
+
+
 def load_average() -> list[float]:
     return [round(x, 2) for x in os.getloadavg()]
 
