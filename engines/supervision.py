@@ -8,13 +8,15 @@ traceback, waits a bounded, growing delay and starts it again, and tells the
 caller (a metric) every time it does.
 
 This module sits in `engines/`, the bottom layer, so the router and the gateway
-use the same policy. It imports nothing but asyncio.
+use the same policy. It imports nothing but the standard library.
 """
 
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import logging
+import signal
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
@@ -69,3 +71,12 @@ async def supervise(name: str, run: Callable[[], Awaitable[None]], *, backoff: B
         await sleep(delay)
         if on_restart is not None:
             on_restart(name)
+
+
+def die_with_parent(signum: int = signal.SIGKILL) -> None:
+    """Have the kernel send `signum` to this process when its parent dies (Linux; elsewhere nothing)."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signum)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass

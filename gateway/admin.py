@@ -27,8 +27,18 @@ def _not_found(name: str) -> SluiceError:
     return SluiceError(f"no worker named {name!r}", ErrorKind.NOT_FOUND, code="worker_not_found")
 
 
+def _one_process_only(request: Request) -> None:
+    """With --frontends N a change would reach the one frontend this connection landed on."""
+    st = state_of(request)
+    if st.peers is not None:
+        raise SluiceError(f"--frontends {st.settings.frontends}: registering, removing or draining a worker here "
+                          "would change one frontend only; list workers with --worker, --workers-file or "
+                          "--k8s-discovery", ErrorKind.UNSUPPORTED, code="frontends_unsupported")
+
+
 @router.post("/v1/admin/workers")
 async def register_worker(record: WorkerRecord, request: Request) -> JSONResponse:
+    _one_process_only(request)
     record = await discover_kv_events(record)
     models = await state_of(request).workers.add(record)
     return JSONResponse({"name": record.name, "models": models}, status_code=201)
@@ -36,6 +46,7 @@ async def register_worker(record: WorkerRecord, request: Request) -> JSONRespons
 
 @router.delete("/v1/admin/workers/{name}")
 async def deregister_worker(name: str, request: Request) -> Response:
+    _one_process_only(request)
     if not await state_of(request).workers.remove(name):
         raise _not_found(name)
     return Response(status_code=204)
@@ -43,6 +54,7 @@ async def deregister_worker(name: str, request: Request) -> Response:
 
 @router.post("/v1/admin/workers/{name}/drain")
 async def drain_worker(name: str, request: Request) -> JSONResponse:
+    _one_process_only(request)
     draining = request.query_params.get("undo") is None
     try:
         state_of(request).router.drain(name, draining)

@@ -152,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _serve(args: argparse.Namespace, argv: list[str]) -> int:
     from gateway import logs
-    from gateway.frontends import Supervisor, frontend_env
+    from gateway.frontends import Supervisor, check_ports_free, frontend_env
     from gateway.server import run
     from gateway.settings import Settings
 
@@ -164,8 +164,11 @@ def _serve(args: argparse.Namespace, argv: list[str]) -> int:
     if settings.model_repository is not None and not settings.model_repository.is_dir():
         raise ValueError(f"model repository {settings.model_repository} does not exist")
     if settings.frontends > 1 and frontend_env() is None:
+        ports = [settings.http_port, settings.grpc_port, settings.metrics_port]
+        check_ports_free(settings.host, [p for p in ports if p])
         logs.configure(settings.log_level, settings.log_format)
-        return Supervisor(argv, settings.frontends).run()
+        # A drain, the 5 s after its deadline and the shutdown: then what is left is killed.
+        return Supervisor(argv, settings.frontends, settings.drain_timeout_s + 30.0).run()
     return run(settings)
 
 

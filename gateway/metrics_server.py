@@ -24,7 +24,6 @@ from gateway.security.guard import Security
 log = logging.getLogger("sluice.metrics")
 _MAX_HEAD_BYTES = 16 * 1024
 _HEAD_TIMEOUT_S = 10.0
-_PENDING = b"\0"  # the exposition, read after the access check (it may ask sibling frontends)
 
 
 class MetricsServer:
@@ -57,7 +56,7 @@ class MetricsServer:
             async with asyncio.timeout(_HEAD_TIMEOUT_S):
                 head = await reader.readuntil(b"\r\n\r\n")
             status, headers, body = self._answer(head.decode("latin-1"))
-            if status == "200 OK" and body is _PENDING:
+            if body is None:  # allowed: read the exposition (it may ask sibling frontends)
                 body = await exposition(self._registry, self._peers)
         except (TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ConnectionError):
             writer.close()
@@ -72,7 +71,8 @@ class MetricsServer:
         finally:
             writer.close()
 
-    def _answer(self, head: str) -> tuple[str, dict[str, str], bytes]:
+    def _answer(self, head: str) -> tuple[str, dict[str, str], bytes | None]:
+        """Status, headers and body; body None: the exposition, once the request passed the checks."""
         request_line, *header_lines = head.split("\r\n")
         method, _, rest = request_line.partition(" ")
         path = rest.partition(" ")[0].partition("?")[0]
@@ -88,4 +88,4 @@ class MetricsServer:
         except SluiceError as e:
             return "401 Unauthorized", {"WWW-Authenticate": "Bearer", "Content-Type": "text/plain"}, \
                 (e.message + "\n").encode()
-        return "200 OK", {"Content-Type": CONTENT_TYPE_LATEST}, b"" if method == "HEAD" else _PENDING
+        return "200 OK", {"Content-Type": CONTENT_TYPE_LATEST}, b"" if method == "HEAD" else None

@@ -62,13 +62,15 @@ class Peers:
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
-            async with asyncio.timeout(TIMEOUT_S):
+            async with asyncio.timeout(TIMEOUT_S):  # a sibling that stops reading holds nothing for long
                 request = json.loads(await reader.readline())
-            body = self._answer(request)
-            writer.write(len(body).to_bytes(4, "big") + body)
-            await writer.drain()
+                body = self._answer(request)
+                writer.write(len(body).to_bytes(4, "big") + body)
+                await writer.drain()
         except (OSError, ValueError, TimeoutError, asyncio.LimitOverrunError):
             pass  # a sibling that went away; it logs its own side
+        except Exception:  # e.g. JSON nested past the recursion limit: still never an unhandled task error
+            log.exception("answering a sibling frontend failed")
         finally:
             writer.close()
 

@@ -51,10 +51,19 @@ def run(settings: Settings, llm_specs: list[LLMSpec] | None = None) -> int:
                             http=protocol_with_header_timeout(settings.header_timeout_s),
                             limit_concurrency=2 * settings.max_inflight_requests, timeout_keep_alive=5,
                             log_config=logs.uvicorn_log_config(settings.log_format))
-    server = DrainingServer(config, app.state.sluice, settings.drain_timeout_s)
-    # A frontend (gateway.frontends) shares the port; uvicorn listens on the socket after start-up.
-    server.run(sockets=[shared_socket(settings.host, settings.http_port)] if frontend_env() else None)
-    return 0 if server.started else STARTUP_FAILED
+    frontend = frontend_env() is not None
+    server = DrainingServer(config, app.state.sluice, settings.drain_timeout_s, frontend)
+    try:
+        # A frontend (gateway.frontends) shares the port; uvicorn listens on the socket after start-up.
+        server.run(sockets=[shared_socket(settings.host, settings.http_port)] if frontend else None)
+    except OSError as e:  # the port could not be bound
+        log.error("cannot listen on %s:%d: %s", settings.host, settings.http_port, e)
+        return STARTUP_FAILED
+    except SystemExit as e:  # uvicorn's, when the lifespan's start-up failed (or was stopped by a signal)
+        if server.stopped_while_starting:
+            return 0
+        return STARTUP_FAILED if e.code == STARTUP_FAILED else 1
+    return 0
 
 
 def shared_socket(host: str, port: int) -> socket.socket:
@@ -63,6 +72,8 @@ def shared_socket(host: str, port: int) -> socket.socket:
     family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
                                                          flags=socket.AI_PASSIVE)[0]
     sock = socket.socket(family, kind, proto)
+    if family == socket.AF_INET6:
+        sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)  # as asyncio binds it
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     sock.bind(address)
@@ -86,10 +97,13 @@ async def drain(state: AppState, timeout_s: float) -> None:
 class DrainingServer(uvicorn.Server):
     """uvicorn, with SIGTERM turned into a drain followed by a normal exit."""
 
-    def __init__(self, config: uvicorn.Config, state: AppState, drain_timeout_s: float) -> None:
+    def __init__(self, config: uvicorn.Config, state: AppState, drain_timeout_s: float,
+                 frontend: bool = False) -> None:
         super().__init__(config)
         self._state = state
         self._drain_timeout_s = drain_timeout_s
+        self._frontend = frontend
+        self.stopped_while_starting = False
         self._loop: asyncio.AbstractEventLoop | None = None
         self._draining: asyncio.Task[None] | None = None
 
@@ -98,6 +112,16 @@ class DrainingServer(uvicorn.Server):
         await super().serve(sockets)
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        if not self.started and self._loop is not None:
+            # Still starting (a frontend loads before it listens): stop the start-up, not a drain.
+            self.stopped_while_starting = True
+            startup = self._state.startup_task
+            if startup is not None:
+                self._loop.call_soon_threadsafe(startup.cancel)
+            super().handle_exit(sig, frame)
+            return
+        if sig == signal.SIGTERM and self._frontend and self._draining is not None:
+            return  # one drain: SIGTERM may come from the supervisor and from a kill of the whole group
         if sig == signal.SIGTERM and self._loop is not None and not self.should_exit and self._draining is None:
             # A signal handler runs between bytecodes of the loop's own thread: schedule, do not run.
             self._loop.call_soon_threadsafe(self._start_drain)

@@ -15,6 +15,7 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 import yaml
@@ -25,7 +26,7 @@ from engines.errors import SluiceError
 from engines.launchers.registration import WorkerRecord, deregister, register
 from gateway.discovery import K8sDiscovery, parse_discovery
 from gateway.embeddings import EmbeddingBridge
-from gateway.frontends import frontend_env
+from gateway.frontends import frontend_env, mark_ready
 from gateway.llm.local import LLMSpec, specs_from_configs, start_local_llm, stop_local_engines
 from gateway.llm.workers import discover_kv_events, parse_worker_arg
 from gateway.metrics_server import MetricsServer
@@ -42,49 +43,75 @@ async def lifespan(state: AppState, llm_specs: list[LLMSpec] | None) -> AsyncIte
     _announce_access(state)
     await state.security.quotas.start()
     frontend = frontend_env()
-    if frontend is not None:  # one of --frontends N: its siblings ask it for metrics and statistics
-        _refuse_local_quotas(state)
-        state.peers = Peers(frontend[1], frontend[0], state.settings.frontends, state.registry, state.classic)
-        await state.peers.start()
-    await state.router.start()
-    discovery = _discovery(state)
     task: asyncio.Task[None] | None = None
+    discovery: K8sDiscovery | None = None
+    grpc_server: Any = None
+    metrics_server: MetricsServer | None = None
     if frontend is None:
-        grpc_server, metrics_server = await _start_grpc(state), await _start_metrics_server(state)
+        grpc_server = await _start_grpc(state)
+        metrics_server = await _start_metrics_server(state)
+        await state.router.start()
+        discovery = _discovery(state)
         task = asyncio.create_task(bootstrap(state, llm_specs, discovery), name="sluice-bootstrap")
     else:
-        # A frontend opens its ports once ready (uvicorn listens after this start-up returns): the
-        # kernel then sends connections only to frontends that can serve them.
-        await bootstrap(state, llm_specs, discovery)
-        if state.startup_error is not None:
-            raise RuntimeError(state.startup_error)
-        grpc_server, metrics_server = await _start_grpc(state), await _start_metrics_server(state)
+        discovery, grpc_server, metrics_server = await _start_frontend(state, frontend, llm_specs)
     try:
         yield
     finally:
         if task is not None:
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
-        if discovery is not None:
-            await discovery.stop()
-        s = state.settings
-        if s.register_with and state.ready:
-            await asyncio.to_thread(deregister, s.register_with, s.worker_name or "")
-        await state.workers.stop()
-        await state.router.stop()
-        if grpc_server is not None:
-            await grpc_server.stop(grace=2)
-        if state.classic is not None:
-            await state.classic.stop()
-        await stop_local_engines(state.llm.registry)
-        state.renderer.close()
-        await state.security.quotas.stop()
-        if metrics_server is not None:
-            await metrics_server.stop()
-        if state.peers is not None:
-            await state.peers.stop()
-        await asyncio.to_thread(state.llm.tracing.shutdown)  # flushes buffered spans
-        heap.thaw()  # what shutdown dropped can be collected (an app run inside a larger process)
+        await _shutdown(state, discovery, grpc_server, metrics_server)
+
+
+async def _start_frontend(state: AppState, frontend: tuple[int, Path], llm_specs: list[LLMSpec] | None
+                          ) -> tuple[K8sDiscovery | None, Any, MetricsServer | None]:
+    """One of --frontends N: it opens its ports once ready (uvicorn listens after the lifespan's
+    start-up returns), so the kernel sends connections only to frontends that can serve them."""
+    discovery: K8sDiscovery | None = None
+    grpc_server: Any = None
+    metrics_server: MetricsServer | None = None
+    try:
+        _refuse_local_quotas(state)
+        state.peers = Peers(frontend[1], frontend[0], state.settings.frontends, state.registry, state.classic)
+        await state.peers.start()  # its siblings ask it for metrics and statistics
+        await state.router.start()
+        discovery = _discovery(state)
+        state.startup_task = asyncio.create_task(bootstrap(state, llm_specs, discovery), name="sluice-bootstrap")
+        await state.startup_task  # a stop signal now cancels it (gateway.server)
+        if state.startup_error is not None:
+            raise RuntimeError(state.startup_error)
+        grpc_server = await _start_grpc(state)
+        metrics_server = await _start_metrics_server(state)
+        mark_ready(frontend)
+    except BaseException:
+        await _shutdown(state, discovery, grpc_server, metrics_server)
+        raise
+    return discovery, grpc_server, metrics_server
+
+
+async def _shutdown(state: AppState, discovery: K8sDiscovery | None, grpc_server: Any,
+                    metrics_server: MetricsServer | None) -> None:
+    if discovery is not None:
+        await discovery.stop()
+    s = state.settings
+    if s.register_with and state.ready:
+        await asyncio.to_thread(deregister, s.register_with, s.worker_name or "")
+    await state.workers.stop()
+    await state.router.stop()
+    if grpc_server is not None:
+        await grpc_server.stop(grace=2)
+    if state.classic is not None:
+        await state.classic.stop()
+    await stop_local_engines(state.llm.registry)
+    state.renderer.close()
+    await state.security.quotas.stop()
+    if metrics_server is not None:
+        await metrics_server.stop()
+    if state.peers is not None:
+        await state.peers.stop()
+    await asyncio.to_thread(state.llm.tracing.shutdown)  # flushes buffered spans
+    heap.thaw()  # what shutdown dropped can be collected (an app run inside a larger process)
 
 
 async def bootstrap(state: AppState, llm_specs: list[LLMSpec] | None,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -42,6 +43,7 @@ class AppState:
     startup_error: str | None = None
     drain: Drain = field(default_factory=Drain)  # in-flight requests; draining after SIGTERM
     peers: Peers | None = None  # the sibling frontends of `--frontends N`
+    startup_task: asyncio.Task[None] | None = None  # a frontend's start-up, which it awaits before listening
 
 
 def state_of(request: Request) -> AppState:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -168,3 +169,77 @@ def test_per_key_quotas_from_a_keys_file_need_redis(tmp_path: Path) -> None:
     assert done.returncode == 1, done.stderr[-3000:]
     assert "keys team-a have quotas, which need --redis-url" in done.stderr
     assert "sk-frontends-quota-test" not in done.stderr
+
+
+SLOW_PY = '''
+import time
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        time.sleep(120)  # loads for longer than any test waits
+
+    def execute(self, requests):
+        return []
+'''
+SLOW_CONFIG = '''
+name: "slow"
+backend: "python"
+input [ { name: "X" data_type: TYPE_FP32 dims: [ 1 ] } ]
+output [ { name: "Y" data_type: TYPE_FP32 dims: [ 1 ] } ]
+'''
+
+
+def test_a_stop_while_the_frontends_load_ends_them_at_once(tmp_path: Path) -> None:
+    repo = tmp_path / "repo"
+    (repo / "slow" / "1").mkdir(parents=True)
+    (repo / "slow" / "config.pbtxt").write_text(SLOW_CONFIG)
+    (repo / "slow" / "1" / "model.py").write_text(SLOW_PY)
+    port = free_port()
+    cmd = [sys.executable, "-m", "gateway.cli", "serve", "--host", "127.0.0.1", "--model-repository", str(repo),
+           "--http-port", str(port), "--grpc-port", "0", "--frontends", "2"]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while len(psutil.Process(proc.pid).children()) < 2 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        frontends = psutil.Process(proc.pid).children()
+        time.sleep(3)  # inside initialize() by now
+        with pytest.raises(httpx.ConnectError):  # a frontend listens only once it is ready
+            httpx.get(f"http://127.0.0.1:{port}/v2/health/ready", timeout=5)
+        started = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 0, proc.stdout.read() if proc.stdout else ""
+        assert time.monotonic() - started < 30
+        _, alive = psutil.wait_procs(frontends, timeout=10)
+        assert not alive
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+def test_frontends_die_with_their_supervisor(server: Server) -> None:
+    frontends = _frontends(server)
+    server.proc.kill()  # SIGKILL: nothing of the supervisor runs
+    server.proc.wait(10)
+    _, alive = psutil.wait_procs(frontends, timeout=30)
+    assert not alive
+
+
+def test_a_port_in_use_is_refused_before_any_frontend_starts(tmp_path: Path) -> None:
+    port = free_port()
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", port))
+        taken.listen()
+        cmd = [sys.executable, "-m", "gateway.cli", "serve", "--host", "127.0.0.1", "--model-repository",
+               str(_repo(tmp_path)), "--http-port", str(port), "--grpc-port", "0", "--frontends", "2"]
+        done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and f"port {port} on 127.0.0.1 is in use" in done.stderr, done.stderr
+
+
+def test_worker_registration_is_refused_with_frontends(server: Server) -> None:
+    record = {"name": "w0", "url": "http://127.0.0.1:9", "models": ["m"], "engine": "vllm"}
+    r = httpx.post(server.url + "/v1/admin/workers", json=record, timeout=30)
+    assert r.status_code == 400 and r.json()["error"]["code"] == "frontends_unsupported", r.text
+    assert httpx.post(server.url + "/v1/admin/workers/w0/drain", timeout=30).json()["error"]["code"] == \
+        "frontends_unsupported"

@@ -25,7 +25,6 @@ dies. BLS calls are refused with a clear error: there is no scheduler in here.
 
 from __future__ import annotations
 
-import ctypes
 import faulthandler
 import json
 import signal
@@ -40,6 +39,7 @@ from engines.classic.config import parse_json
 from engines.classic.errors import Code, InferError
 from engines.classic.request import InferRequest
 from engines.classic.workers import describe
+from engines.supervision import die_with_parent
 
 BLS_UNSUPPORTED = ("BLS (InferenceRequest.exec / async_exec) is not supported in a model with isolation "
                    "'process'; run the model in-process to call other models")
@@ -53,14 +53,6 @@ def _jsonable(value: Any) -> Any:
     if isinstance(value, bytes):
         return value.decode("utf-8", errors="replace")
     return str(value)
-
-
-def _die_with_parent() -> None:
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass  # not Linux: the process still exits when the socket closes
 
 
 class _Segments:
@@ -131,7 +123,7 @@ def _load(init: dict[str, Any]) -> Backend:
 
 def main(argv: list[str]) -> int:
     conn = Connection(int(argv[1]))
-    _die_with_parent()
+    die_with_parent()  # not Linux: the process still exits when the socket closes
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the server decides when this process stops
     faulthandler.enable()  # a segfault in model code leaves its traceback in the server's log
     try:
