@@ -70,7 +70,11 @@ def create_app(settings: Settings, llm_specs: list[LLMSpec] | None = None) -> Fa
         async with startup.lifespan(state, llm_specs):
             yield
 
-    app = FastAPI(title="Sluice", version=__version__, lifespan=lifespan)
+    # FastAPI's own OpenTelemetry hooks stay off: each request would ask OpenTelemetry for its
+    # three global providers, and an installed SDK would get HTTP spans nobody asked for.
+    # Sluice's traces are its own (gateway/tracing.py, --otlp-endpoint).
+    app = FastAPI(title="Sluice", version=__version__, lifespan=lifespan,
+                  telemetry={"tracing": False, "metrics": False, "logs": False})
     app.state.sluice = state
     errors.install(app)
 

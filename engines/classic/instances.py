@@ -29,6 +29,7 @@ import numpy as np
 
 from engines.classic.backends.base import Backend, ComputeTimes
 from engines.classic.errors import Code, ConfigError, InferError
+from engines.classic.inline import InlineGate
 from engines.classic.workers import Worker, describe
 
 if TYPE_CHECKING:
@@ -48,6 +49,7 @@ class Slot:
     index: int
     instance: Backend
     worker: Worker
+    gate: InlineGate
 
 
 def _execute(instance: Backend, requests: list[InferRequest]) -> Outcome:
@@ -104,7 +106,15 @@ class InstancePool:
     def launch(self, slot: Slot, requests: list[InferRequest], on_done: Callable[[Outcome], None]) -> None:
         """Execute one batch on the slot's thread; `on_done(outcome)` runs on the loop exactly once: when
         the batch returns (the slot is free again by then), or at the time limit (the instance abandoned).
-        Callbacks rather than a task per batch: the loop's cost per batch is one callback."""
+        Callbacks rather than a task per batch: the loop's cost per batch is one callback. A batch the
+        slot's gate finds cheap runs on the loop instead (engines/classic/inline.py)."""
+        rows = sum(r.batch_size for r in requests)
+        if slot.gate.wants(rows):
+            outcome = _execute(slot.instance, requests)
+            slot.gate.observe(outcome.timings.infer_ns, rows, inline=True)
+            self._give_back(slot)
+            asyncio.get_running_loop().call_soon(on_done, outcome)
+            return
         future = slot.worker.submit(_execute, slot.instance, requests)
         limit = None if not self._limit_s or slot.instance.enforces_time_limit else self._limit_s
         timer: asyncio.TimerHandle | None = None
@@ -119,6 +129,8 @@ class InstancePool:
             finished = True
             self._give_back(slot)
             exc = f.exception()
+            if exc is None:
+                slot.gate.observe(f.result().timings.infer_ns, rows, inline=False)
             on_done(f.result() if exc is None else Outcome(
                 [InferError(f"model '{self._name}' failed: {describe(exc)}", Code.INTERNAL)] * len(requests),
                 ComputeTimes()))
@@ -166,7 +178,7 @@ class InstancePool:
         except Exception as exc:
             worker.stop()
             raise ConfigError(f"model '{self._name}': creating instance {index} failed: {describe(exc)}") from None
-        return Slot(index, instance, worker)
+        return Slot(index, instance, worker, InlineGate(instance.inline_ok, self._name))
 
     def _abandon(self, slot: Slot, future: asyncio.Future[Outcome]) -> bool:
         self._live.remove(slot)

@@ -62,6 +62,7 @@ class Backend(ABC):
     # True when execute() returns by the model's time limit on its own (a model in its own process
     # is killed); otherwise the scheduler enforces the limit by abandoning the instance.
     enforces_time_limit = False
+    inline_ok = False  # its execute may run on the event loop when measured cheap (engines/classic/inline.py)
 
     def __init__(self, config: ModelConfig) -> None:
         self.config = config

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import numpy as np
 
 from engines.classic.backends.base import StackedBackend, model_file
 from engines.classic.errors import ConfigError
+from engines.classic.inline import bounded_onnx_graph
 from engines.classic.proto import ModelConfig
+
+log = logging.getLogger("sluice.classic")
 
 
 class OnnxBackend(StackedBackend):
@@ -39,6 +43,14 @@ class OnnxBackend(StackedBackend):
                 raise ConfigError(f"{source}: field 'output': '{output.name}' is not an output of {path.name} "
                                   f"(model outputs: {sorted(session_outputs)})")
         self._output_names = [t.name for t in config.output]
+        # Work fixed by the inputs' shapes, and every input dimension but the batch's fixed: a batch's
+        # cost is then bounded by its rows, and it may run on the loop when measured cheap.
+        unbounded = bounded_onnx_graph(path)
+        if unbounded is None and any(d < 0 for t in config.input for d in t.dims):
+            unbounded = "an input has a variable dimension"
+        self.inline_ok = unbounded is None
+        if unbounded is not None:
+            log.debug("model %s: batches stay on the instance's thread: %s", config.name, unbounded)
 
     def run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         values = self._session.run(self._output_names, inputs)
