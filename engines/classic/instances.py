@@ -1,11 +1,12 @@
 """The instances of one model version, each on its own thread, under the execute time limit.
 
-Every method runs on the event loop and none blocks it. Contract:
+Every method runs on the event loop and none blocks it, but for batches measured cheap enough
+to run on the loop itself (engines/classic/inline.py). Contract:
 - `take()` hands out a free instance (or None); `launch(slot, requests, on_done)` executes
-  one batch on that instance's thread, gives the slot back and calls `on_done(outcome)` on the
-  loop (`await run(slot, requests)` is the same as a coroutine). It returns exactly one
-  result per request and never raises: a backend that raises, even SystemExit, fails
-  its batch only.
+  one batch on that instance's thread (or on the loop, when its gate says so), gives the slot
+  back and calls `on_done(outcome)` on the loop (`await run(slot, requests)` is the same as a
+  coroutine). It returns exactly one result per request and never raises: a backend that
+  raises, even SystemExit, fails its batch only.
 - A batch still running after the time limit fails with UNAVAILABLE at the limit.
   Python cannot stop a thread, so the instance is abandoned (its thread stays in the
   model's code) and a replacement is built from the model's files, while at most
@@ -53,7 +54,7 @@ class Slot:
 
 
 def _execute(instance: Backend, requests: list[InferRequest]) -> Outcome:
-    """On the instance's thread: one batch, turned into one result per request whatever happens."""
+    """On the instance's thread (or the loop): one batch, one result per request whatever happens."""
     model = instance.config.name
     try:
         results: list[Result] = list(instance.execute(requests))
@@ -64,6 +65,10 @@ def _execute(instance: Backend, requests: list[InferRequest]) -> Outcome:
         results = [InferError(f"model '{model}' returned {len(results)} results for {len(requests)} requests",
                               Code.INTERNAL)] * len(requests)
     return Outcome(results, instance.timings)
+
+
+def _total_ns(t: ComputeTimes) -> int:
+    return t.input_ns + t.infer_ns + t.output_ns
 
 
 class InstancePool:
@@ -111,9 +116,12 @@ class InstancePool:
         rows = sum(r.batch_size for r in requests)
         if slot.gate.wants(rows):
             outcome = _execute(slot.instance, requests)
-            slot.gate.observe(outcome.timings.infer_ns, rows, inline=True)
-            self._give_back(slot)
-            asyncio.get_running_loop().call_soon(on_done, outcome)
+            slot.gate.observe(_total_ns(outcome.timings), rows, inline=True)
+            # Both as callbacks: the driver yields between batches (responses go out, deadlines are
+            # checked) instead of running its whole queue on the loop in one pass.
+            loop = asyncio.get_running_loop()
+            loop.call_soon(self._give_back, slot)
+            loop.call_soon(on_done, outcome)
             return
         future = slot.worker.submit(_execute, slot.instance, requests)
         limit = None if not self._limit_s or slot.instance.enforces_time_limit else self._limit_s
@@ -130,7 +138,7 @@ class InstancePool:
             self._give_back(slot)
             exc = f.exception()
             if exc is None:
-                slot.gate.observe(f.result().timings.infer_ns, rows, inline=False)
+                slot.gate.observe(_total_ns(f.result().timings), rows, inline=False)
             on_done(f.result() if exc is None else Outcome(
                 [InferError(f"model '{self._name}' failed: {describe(exc)}", Code.INTERNAL)] * len(requests),
                 ComputeTimes()))

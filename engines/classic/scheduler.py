@@ -10,8 +10,9 @@ futures, the queue and the instances:
   delay deadline and at the earliest queue timeout, so timed-out requests are
   rejected even while every instance is busy. It runs under `tasks.supervise`:
   if it dies, the requests it held fail with INTERNAL and it restarts.
-- Each batch runs on its instance's own thread (never on the loop) and resolves
-  every one of its requests, whatever the backend does.
+- Each batch runs on its instance's own thread (or on the loop, when the instance's gate
+  finds it cheaper than the hop: engines/classic/inline.py) and resolves every one of its
+  requests, whatever the backend does.
 
 Per request the loop does a push, one wake of the driver (a future, no task or
 `wait_for`), and one callback when its batch returns; the driver's work per wake-up

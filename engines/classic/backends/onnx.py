@@ -10,7 +10,7 @@ import numpy as np
 from engines.classic.backends.base import StackedBackend, model_file
 from engines.classic.errors import ConfigError
 from engines.classic.inline import bounded_onnx_graph
-from engines.classic.proto import ModelConfig
+from engines.classic.proto import ModelConfig, data_type_name
 
 log = logging.getLogger("sluice.classic")
 
@@ -48,6 +48,9 @@ class OnnxBackend(StackedBackend):
         unbounded = bounded_onnx_graph(path)
         if unbounded is None and any(d < 0 for t in config.input for d in t.dims):
             unbounded = "an input has a variable dimension"
+        tensors = (*config.input, *config.output)
+        if unbounded is None and any(data_type_name(t.data_type) == "TYPE_STRING" for t in tensors):
+            unbounded = "a string tensor costs its bytes, not its rows"
         self.inline_ok = unbounded is None
         if unbounded is not None:
             log.debug("model %s: batches stay on the instance's thread: %s", config.name, unbounded)
