@@ -166,11 +166,28 @@ def summarise(series: list[dict], limits: dict) -> dict:
             entry["server_cpu_us_per_req_at_1_batched"] = rows[1]["server_cpu_us_per_req"]
         if 1 in kserve:
             entry["kserve_cpu_us_per_req_at_1"] = kserve[1]["server_cpu_us_per_req"]
+        entry.update(_floor(by, model, proto, kserve))
         sweep = limits.get(model, {}).get("by_batch_size")
         if sweep:
             entry["inprocess_batching_gain"] = round(max(r["rows_per_s"] for r in sweep) / sweep[0]["rows_per_s"], 2)
         out[f"{model}, {proto}"] = entry
     return out
+
+
+def _floor(by: dict, model: str, proto: str, kserve: dict) -> dict:
+    """What the null servers (the protocol libraries alone, beside the same client) reached: if the best
+    of them is under twice KServe's req/s at c=32, no server built on those libraries gets there here."""
+    nulls = {t: r for (m, p, t), r in by.items() if m == model and p == proto and t.startswith("null server")}
+    entry: dict = {}
+    at_32 = [r[32]["throughput_rps"] for r in nulls.values() if 32 in r]
+    if at_32 and 32 in kserve:
+        entry["null_server_best_rps_at_32"] = max(at_32)
+        entry["twice_kserve_rps_at_32"] = round(2 * kserve[32]["throughput_rps"], 1)
+        entry["twice_kserve_within_null_server_reach"] = max(at_32) >= 2 * kserve[32]["throughput_rps"]
+    single = nulls.get("null server", {})
+    if 1 in single:
+        entry["null_server_cpu_us_per_req_at_1"] = single[1]["server_cpu_us_per_req"]
+    return entry
 
 
 def plot(report: dict, path: Path) -> None:
@@ -182,11 +199,13 @@ def plot(report: dict, path: Path) -> None:
     models = sorted({s["model"] for s in report["series"]})
     fig, axes = plt.subplots(len(models), 3, figsize=(16, 4.5 * len(models)), squeeze=False)
     for row, model in zip(axes, models, strict=True):
+        targets = sorted({s["target"] for s in report["series"]})
         for s in (s for s in report["series"] if s["model"] == model):
             xs = [r["concurrency"] for r in s["results"]]
-            style = "-" if s["protocol"] == "grpc" else "--"
-            row[0].plot(xs, [r["throughput_rps"] for r in s["results"]], style, marker="o", label=s["name"])
-            row[1].plot(xs, [r["p50_ms"] for r in s["results"]], style, marker="o", label=s["name"])
+            style = "-" if s["protocol"] == "grpc" else "--"  # one colour per target, one dash per protocol
+            color = plt.get_cmap("tab10")(targets.index(s["target"]) % 10)
+            for ax, key in ((row[0], "throughput_rps"), (row[1], "p50_ms")):
+                ax.plot(xs, [r[key] for r in s["results"]], style, marker="o", color=color, label=s["name"])
         limit = report["inprocess"].get(model, {})
         if limit.get("by_concurrency"):
             lc = limit["by_concurrency"]
@@ -239,6 +258,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--server-src", type=Path, default=ROOT, help="the Sluice checkout to serve from")
     p.add_argument("--tag", default="")
     p.add_argument("--out", type=Path, default=ROOT / "loadtests" / "reports")
+    p.add_argument("--summarise-only", type=Path, metavar="REPORT",
+                   help="recompute the summary and the plot of an existing report, and exit")
     args = p.parse_args()
     if args.duration_s <= 0 or args.max_requests <= 0 or args.rounds <= 0:
         raise SystemExit("--duration-s, --max-requests and --rounds must be positive")
@@ -247,6 +268,13 @@ def parse_args() -> argparse.Namespace:
 
 def main() -> None:
     args = parse_args()
+    if args.summarise_only is not None:
+        report = json.loads(args.summarise_only.read_text())
+        report["summary"] = summarise(report["series"], report["inprocess"])
+        args.summarise_only.write_text(json.dumps(report, indent=2) + "\n")
+        plot(report, args.summarise_only.with_suffix(".png"))
+        print(json.dumps(report["summary"], indent=2))
+        return
     root = Path(tempfile.mkdtemp(prefix="sluice-bench-"))
     targets: list[Target] = []
     try:
