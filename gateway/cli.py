@@ -152,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _serve(args: argparse.Namespace, argv: list[str]) -> int:
     from gateway import logs
-    from gateway.frontends import Supervisor, check_ports_free, frontend_env
+    from gateway.frontends import Supervisor, check_no_local_llms, check_ports_free, frontend_env
     from gateway.server import run
     from gateway.settings import Settings
 
@@ -166,6 +166,10 @@ def _serve(args: argparse.Namespace, argv: list[str]) -> int:
     if settings.frontends > 1 and frontend_env() is None:
         ports = [settings.http_port, settings.grpc_port, settings.metrics_port]
         check_ports_free(settings.host, [p for p in ports if p])
+        try:
+            check_no_local_llms(settings.model_repository, settings.served_llms, settings.workers_only)
+        except ValueError as e:
+            raise ValueError(f"--frontends {settings.frontends}: {e}") from None
         logs.configure(settings.log_level, settings.log_format)
         # A drain, the 5 s after its deadline and the shutdown: then what is left is killed.
         return Supervisor(argv, settings.frontends, settings.drain_timeout_s + 30.0).run()

@@ -65,6 +65,27 @@ def check_ports_free(host: str, ports: list[int]) -> None:
                                  "left running by a supervisor that was killed") from None
 
 
+def check_no_local_llms(repository: Path | None, served: tuple[str, ...], workers_only: bool) -> None:
+    """Raise ValueError when the repository holds LLMs that each frontend would load in-process
+    (checked before any frontend starts; a frontend checks again once its repository is parsed)."""
+    if repository is None or workers_only:
+        return
+    from engines.classic.config import load_config
+    from engines.classic.errors import ConfigError
+    from engines.classic.repository import model_dirs
+
+    names = []
+    for name, model_dir in sorted(model_dirs(repository).items()):
+        try:
+            if load_config(model_dir).backend == "llm" and (not served or name in served):
+                names.append(name)
+        except (ConfigError, OSError):
+            continue  # a broken config is reported by the frontends, as by a single server
+    if names:
+        raise ValueError(f"every frontend would load its own copy of LLM(s) {', '.join(names)}; serve them from "
+                         "a worker (`sluice worker`, then --worker), or serve a repository without LLMs")
+
+
 class Supervisor:
     def __init__(self, argv: list[str], count: int, stop_timeout_s: float) -> None:
         self._argv, self._count = [sys.executable, "-m", "gateway.cli", *argv], count

@@ -8,7 +8,6 @@ N copies cannot keep consistent is refused at start.
 
 from __future__ import annotations
 
-import os
 import shutil
 import signal
 import socket
@@ -17,6 +16,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import numpy as np
@@ -146,17 +146,31 @@ def test_what_copies_cannot_keep_consistent_is_refused(tmp_path: Path) -> None:
         assert done.returncode == 2 and why in done.stderr, done.stderr
 
 
-def test_an_in_process_llm_stops_the_frontends_at_start(tmp_path: Path) -> None:
-    """Every frontend would load the weights: the first to find the LLM fails its start-up, and
-    the supervisor stops the rest and exits 1 instead of restarting it."""
+def test_an_in_process_llm_is_refused_before_any_frontend_starts(tmp_path: Path) -> None:
+    """Every frontend would load the weights: refused at once, before a model is loaded."""
     repo = llm_only_repository(tmp_path)
     cmd = [sys.executable, "-m", "gateway.cli", "serve", "--host", "127.0.0.1", "--model-repository", str(repo),
            "--http-port", str(free_port()), "--grpc-port", "0", "--frontends", "2"]
-    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    assert done.returncode == 1, done.stderr[-3000:]
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2, done.stderr[-3000:]
     assert "would load its own copy of LLM(s) smollm2-135m-instruct" in done.stderr
-    assert "failed its start-up; stopping the others" in done.stderr
+    assert "frontend 0 started" not in done.stderr
+
+
+def test_the_llm_check_in_each_frontend_backs_the_supervisors() -> None:
+    """A repository that gained an LLM between the supervisor's check and a frontend's scan."""
+    from types import SimpleNamespace
+
+    from engines.errors import SluiceError
+    from gateway.startup import _refuse_llms_in_frontends
+
+    def state(frontends: int, served: tuple[str, ...]) -> Any:
+        return SimpleNamespace(settings=SimpleNamespace(frontends=frontends, served_llms=served),
+                               classic=SimpleNamespace(llm_model_configs=lambda: {"late-llm": object()}))
+    with pytest.raises(SluiceError, match="would load its own copy of LLM"):
+        _refuse_llms_in_frontends(state(2, ()))
+    _refuse_llms_in_frontends(state(1, ()))  # a single server loads it, as always
+    _refuse_llms_in_frontends(state(2, ("another",)))  # not one this server serves
 
 
 def test_per_key_quotas_from_a_keys_file_need_redis(tmp_path: Path) -> None:
