@@ -82,8 +82,12 @@ def check_no_local_llms(repository: Path | None, served: tuple[str, ...], worker
         except (ConfigError, OSError):
             continue  # a broken config is reported by the frontends, as by a single server
     if names:
-        raise ValueError(f"every frontend would load its own copy of LLM(s) {', '.join(names)}; serve them from "
-                         "a worker (`sluice worker`, then --worker), or serve a repository without LLMs")
+        raise ValueError(local_llms_refused(names))
+
+
+def local_llms_refused(names: list[str]) -> str:
+    return (f"every frontend would load its own copy of LLM(s) {', '.join(sorted(names))}; serve them from a "
+            "worker (`sluice worker`, then --worker), or serve a repository without LLMs")
 
 
 class Supervisor:

@@ -26,6 +26,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from engines.classic.errors import Code, InferError
 from engines.classic.manager import ModelRepositoryManager
+from engines.classic.names import check_model_name
 from engines.classic.stats import StatsSnapshot, merge_snapshots, snapshot_from_dict, snapshot_to_dict
 from engines.errors import SluiceError
 
@@ -125,6 +126,8 @@ async def statistics(manager: ModelRepositoryManager, peers: Peers | None, name:
                      ) -> list[StatsSnapshot]:
     """Triton statistics of one version, a model's versions, or every ready one, summed over frontends.
     This process's own answer decides what exists (an unknown model raises here)."""
+    if name:
+        check_model_name(name)
     local = manager.statistics(name, version)
     if peers is None:
         return local

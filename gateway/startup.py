@@ -26,7 +26,7 @@ from engines.errors import SluiceError
 from engines.launchers.registration import WorkerRecord, deregister, register
 from gateway.discovery import K8sDiscovery, parse_discovery
 from gateway.embeddings import EmbeddingBridge
-from gateway.frontends import frontend_env, mark_ready
+from gateway.frontends import frontend_env, local_llms_refused, mark_ready
 from gateway.llm.local import LLMSpec, specs_from_configs, start_local_llm, stop_local_engines
 from gateway.llm.workers import discover_kv_events, parse_worker_arg
 from gateway.metrics_server import MetricsServer
@@ -168,9 +168,7 @@ def _refuse_llms_in_frontends(state: AppState) -> None:
     assert state.classic is not None
     names = [n for n in state.classic.llm_model_configs() if not s.served_llms or n in s.served_llms]
     if s.frontends > 1 and names:
-        raise SluiceError(f"--frontends {s.frontends}: every frontend would load its own copy of LLM(s) "
-                          f"{', '.join(sorted(names))}; serve them from a worker (`sluice worker`, then --worker), "
-                          "or serve a repository without LLMs")
+        raise SluiceError(f"--frontends {s.frontends}: {local_llms_refused(names)}")
 
 
 def _discovery(state: AppState) -> K8sDiscovery | None:

@@ -68,6 +68,7 @@ _SHRINK_OPS = {"Reshape": (1,), "Slice": (1, 2, 3, 4), "Squeeze": (1,), "Unsquee
                    "ReduceProd", "ReduceSum", "ReduceSumSquare"), (1,))}
 _GROW_OPS = {"Expand": (1,), "Tile": (1,), "Pad": (1, 2, 3), "Resize": (1, 2, 3), "Upsample": (1,),
              "ConstantOfShape": (0,), "Range": (0, 1, 2), "OneHot": (1,)}
+_SIZE_INPUTS = {**_SHRINK_OPS, **_GROW_OPS}
 _DOMAINS = ("", "ai.onnx", "ai.onnx.ml")
 
 
@@ -98,10 +99,10 @@ def _bounded(path: str, _mtime_ns: int, _size: int) -> str | None:
         op = node.op_type
         if node.domain not in _DOMAINS:
             return f"op {node.domain}.{op}"
-        if op not in _SHAPE_OPS and op not in _SHRINK_OPS and op not in _GROW_OPS:
+        if op not in _SHAPE_OPS and op not in _SIZE_INPUTS:
             return f"op {op} is not known to be bounded by its inputs' shapes"
         allowed = const if op in _GROW_OPS else const | from_shapes
-        for i in {**_SHRINK_OPS, **_GROW_OPS}.get(op, ()):
+        for i in _SIZE_INPUTS.get(op, ()):
             if i < len(node.input) and node.input[i] and node.input[i] not in allowed:
                 return f"op {op} takes its size from a computed tensor ({node.input[i]})"
         args = [x for x in node.input if x]

@@ -67,10 +67,6 @@ def _execute(instance: Backend, requests: list[InferRequest]) -> Outcome:
     return Outcome(results, instance.timings)
 
 
-def _total_ns(t: ComputeTimes) -> int:
-    return t.input_ns + t.infer_ns + t.output_ns
-
-
 class InstancePool:
     def __init__(self, name: str, factory: Callable[[int], Backend], time_limit_s: float,
                  on_change: Callable[[], None]) -> None:
@@ -116,7 +112,7 @@ class InstancePool:
         rows = sum(r.batch_size for r in requests)
         if slot.gate.wants(rows):
             outcome = _execute(slot.instance, requests)
-            slot.gate.observe(_total_ns(outcome.timings), rows, inline=True)
+            slot.gate.observe(outcome.timings.total_ns, rows, inline=True)
             # Both as callbacks: the driver yields between batches (responses go out, deadlines are
             # checked) instead of running its whole queue on the loop in one pass.
             loop = asyncio.get_running_loop()
@@ -138,7 +134,7 @@ class InstancePool:
             self._give_back(slot)
             exc = f.exception()
             if exc is None:
-                slot.gate.observe(_total_ns(f.result().timings), rows, inline=False)
+                slot.gate.observe(f.result().timings.total_ns, rows, inline=False)
             on_done(f.result() if exc is None else Outcome(
                 [InferError(f"model '{self._name}' failed: {describe(exc)}", Code.INTERNAL)] * len(requests),
                 ComputeTimes()))

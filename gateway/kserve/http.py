@@ -68,8 +68,6 @@ async def read_json(request: Request) -> dict[str, Any]:
 
 
 async def _stats(m: ModelRepositoryManager, request: Request, name: str, version: str) -> Response:
-    if name:
-        check_model_name(name)
     snaps = await peers.statistics(m, state_of(request).peers, name, version)
     return _json(views.to_dict(views.statistics_response(snaps)))
 

@@ -57,6 +57,10 @@ class ComputeTimes:
     infer_ns: int = 0
     output_ns: int = 0
 
+    @property
+    def total_ns(self) -> int:
+        return self.input_ns + self.infer_ns + self.output_ns
+
 
 class Backend(ABC):
     # True when execute() returns by the model's time limit on its own (a model in its own process
