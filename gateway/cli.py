@@ -108,7 +108,7 @@ def _classic_arguments(p: argparse.ArgumentParser) -> None:
 
 def _worker_parser(sub: Any) -> None:
     from engines.launchers import add_worker_arguments
-    from engines.sim.launch import add_sim_arguments
+    from engines.sim.serving.launch import add_sim_arguments
 
     p = sub.add_parser("worker", help="start an LLM engine worker (transformers, vllm, trtllm, or the sim model)")
     p.add_argument("--engine", required=True, choices=["transformers", "vllm", "trtllm", "sim"])
@@ -152,8 +152,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def _serve(args: argparse.Namespace, argv: list[str]) -> int:
     from gateway import logs
-    from gateway.frontends import Supervisor, check_no_local_llms, check_ports_free, frontend_env
-    from gateway.server import run
+    from gateway.frontends.supervisor import Supervisor, check_no_local_llms, check_ports_free, frontend_env
+    from gateway.http.server import run
     from gateway.settings import Settings
 
     given = {k: v for k, v in vars(args).items() if k != "command"}
@@ -180,7 +180,7 @@ def _worker(args: argparse.Namespace) -> int:
     if args.engine == "sim":
         import logging
 
-        from engines.sim.launch import run_sim
+        from engines.sim.serving.launch import run_sim
 
         logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
         return run_sim(args)
@@ -189,8 +189,8 @@ def _worker(args: argparse.Namespace) -> int:
 
         return run_worker(args)
     from engines.weights import resolve_llm
+    from gateway.http.server import run
     from gateway.llm.local import LLMSpec
-    from gateway.server import run
     from gateway.settings import Settings
 
     model_dir = resolve_llm(args.model, Path(args.model_repository))

@@ -1,6 +1,6 @@
 """Draining: finish what is in flight, refuse what is new, then let the server exit.
 
-On SIGTERM (`gateway.server`) the gateway keeps its listening socket and its
+On SIGTERM (`gateway.http.server`) the gateway keeps its listening socket and its
 keep-alive connections open, so that a client or load balancer that has not
 noticed yet gets an answer rather than a refused connection: every new request
 is answered 503 with `Retry-After` and `Connection: close` in its route's
@@ -8,7 +8,7 @@ protocol (OpenAI or KServe), and `/health` answers 503, while the requests
 already running (streams included) go on. `Drain` counts them; the server exits
 once none is left, or at the deadline.
 
-`gateway.middleware.DrainMiddleware` counts and refuses; it lets `/health` and
+`gateway.http.middleware.DrainMiddleware` counts and refuses; it lets `/health` and
 `/metrics` through, so probes and scrapes keep working during the drain.
 """
 

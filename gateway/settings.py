@@ -8,12 +8,15 @@ is read from the environment by pydantic-settings (e.g. `SLUICE_HTTP_PORT=9000`,
 from __future__ import annotations
 
 from pathlib import Path
+from urllib.parse import urlparse
 
+import yaml
 from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from engines.classic.limits import ClassicLimits
 from engines.classic.manager import CONTROL_MODES
+from engines.launchers.registration import WorkerRecord
 from gateway.discovery.spec import parse_discovery, require_client
 from gateway.limits import GrpcLimits
 from gateway.llm.admission import AdmissionConfig
@@ -80,7 +83,7 @@ class Settings(BaseSettings):
     grpc_max_message_bytes: int = Field(default=GrpcLimits().max_message_bytes, ge=1024, le=2**31 - 1)
     grpc_max_concurrent_rpcs: int = Field(default=GrpcLimits().max_concurrent_rpcs, ge=1)
     grpc_max_stream_inflight: int = Field(default=GrpcLimits().max_stream_inflight, ge=1)
-    # `--frontends N`: N server processes share the ports (gateway.frontends); 1: this process serves.
+    # `--frontends N`: N server processes share the ports (gateway.frontends.supervisor); 1: this process serves.
     frontends: int = Field(default=1, ge=1, le=64)
     # Worker mode (`sluice worker --engine transformers --gateway URL`): register there once ready.
     register_with: str | None = None
@@ -119,7 +122,7 @@ class Settings(BaseSettings):
         return self
 
     def _frontends_allowed(self) -> None:
-        """What N copies of the server cannot keep consistent (gateway.frontends)."""
+        """What N copies of the server cannot keep consistent (gateway.frontends.supervisor)."""
         why = None
         if self.http_port == 0 or self.metrics_port == 0:
             why = "the ports must be given (the frontends share them; 0 would give each its own)"
@@ -148,6 +151,22 @@ class Settings(BaseSettings):
     def classic_limits(self) -> ClassicLimits:
         return ClassicLimits(self.classic_max_queue_size, self.classic_max_tensor_elements,
                              self.classic_execute_timeout_s)
+
+    def static_worker_records(self) -> list[WorkerRecord]:
+        """The workers named by `--worker [NAME=]URL` (named worker-<index> by default) and `--workers-file`."""
+        records = []
+        for index, value in enumerate(self.workers):
+            name, sep, url = value.partition("=")
+            if not sep:
+                name, url = f"worker-{index}", value
+            if not urlparse(url).hostname:
+                raise ValueError(f"--worker {value!r}: expected URL or NAME=URL")
+            records.append(WorkerRecord(name=name, url=url, engine="vllm"))
+        if self.workers_file is not None:
+            data = yaml.safe_load(self.workers_file.read_text()) or []
+            items = data.get("workers", []) if isinstance(data, dict) else data
+            records += [WorkerRecord.model_validate(item) for item in items]
+        return records
 
     def grpc_limits(self) -> GrpcLimits:
         return GrpcLimits(self.grpc_max_message_bytes, self.grpc_max_concurrent_rpcs, self.grpc_max_stream_inflight)

@@ -96,8 +96,8 @@ async def inprocess_level(model_dir: Path, concurrency: int, per_stream: int, ma
                           max_batch_size: int) -> dict[str, object]:
     """Start the engine (it warms up), run one level, stop it: it never shares the CPUs with the server's."""
     from engines.base import EngineRequest, SamplingParams
-    from engines.tokenizer import ChatTokenizer
-    from engines.transformers_engine import TransformersEngine, TransformersEngineConfig
+    from engines.text.tokenizer import ChatTokenizer
+    from engines.transformers.engine import TransformersEngine, TransformersEngineConfig
 
     engine = TransformersEngine(TransformersEngineConfig(model_dir=model_dir, name=MODEL,
                                                          max_batch_size=max_batch_size))

@@ -223,7 +223,7 @@ def main() -> int:
     args = p.parse_args()
     args.workloads = args.workloads.split(",")
     args.mooncake_workers = [int(x) for x in args.mooncake_workers.split(",")]
-    from engines.tokenizer import ChatTokenizer
+    from engines.text.tokenizer import ChatTokenizer
     from engines.weights import resolve_llm
 
     tokenizer = ChatTokenizer(resolve_llm(procs.MODEL, ROOT / "model_repository"))

@@ -33,8 +33,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from router import Router, RouterConfig, WorkerInfo
-from router.events import BlockStored
-from router.hashing import block_hashes, root_hash
+from router.index.events import BlockStored
+from router.index.hashing import block_hashes, root_hash
 
 REPORT = ROOT / "loadtests" / "reports" / "route_decision.json"
 MODEL = "m"

@@ -1,5 +1,5 @@
 """Chat tokenization time against prompt length, up to 32k tokens: a full render of the
-conversation at every turn, next to the incremental render (`engines/chat_cache.py`), in one run.
+conversation at every turn, next to the incremental render (`engines/text/chat_cache.py`), in one run.
 
 A conversation grows turn by turn (user and assistant messages of a few hundred tokens);
 at each turn both paths tokenize the same conversation, and the incremental ids are checked
@@ -24,7 +24,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from engines.tokenizer import ChatTokenizer
+from engines.text.tokenizer import ChatTokenizer
 from engines.weights import resolve_llm
 
 WORDS = [

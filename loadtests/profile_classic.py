@@ -49,7 +49,7 @@ def category(frames: list[str]) -> str:
     fallback = "event loop / other"
     for frame in reversed(frames):
         where = frame.rpartition("(")[2]
-        if where.startswith(("gateway/", "engines/")) and not where.startswith("gateway/server.py"):
+        if where.startswith(("gateway/", "engines/")) and not where.startswith("gateway/http/server.py"):
             return where.partition(":")[0]
         for pattern, name in LIBRARIES.items():
             if pattern in frame:

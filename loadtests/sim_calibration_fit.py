@@ -14,8 +14,8 @@ from typing import Any
 import numpy as np
 from scipy.optimize import nnls
 
-from engines.sim.config import COST_FIELDS, CostModel, StepWork
-from engines.sim.profile import FORMAT
+from engines.sim.model.config import COST_FIELDS, CostModel, StepWork
+from engines.sim.model.profile import FORMAT
 from loadtests.sim_workload import Workload
 
 FORM = ("step_s = base_s + prefill_token_s*prefill_tokens + prefill_attn_s*prefill_attn_pairs "

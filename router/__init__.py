@@ -23,9 +23,9 @@ from router.config import (
     WorkerInfo,
     validate_redis_url,
 )
-from router.health import BreakerState
 from router.policies import Candidate
 from router.router import Router
+from router.telemetry.health import BreakerState
 from router.types import NoWorkerError, Ranking, WorkerStatus
 
 __all__ = ["COST_PARAMETERS", "DEFAULT_POLICY", "POLICIES", "REDIS_URL_SCHEMES", "BreakerState", "Candidate",

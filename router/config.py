@@ -202,7 +202,7 @@ class RouterConfig:
 
 @dataclass(frozen=True, slots=True)
 class RedisStateConfig:
-    """Routing state shared between gateway replicas through Redis (`router.redis_state`)."""
+    """Routing state shared between gateway replicas through Redis (`router.replicas.redis_state`)."""
 
     url: str = "redis://127.0.0.1:6379/0"
     prefix: str = "sluice:router"

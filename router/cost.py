@@ -16,7 +16,7 @@ For a request of `uncached` tokens not in a worker's cache (and `cached` that ar
 `TtftModel` (latency_s, running_s, token_s, pair_s) holds the worker's
 coefficients, fitted online by `router.learning` to the TTFT the router
 observes; `running` (requests on the worker), the queued prefill and its pairs
-are the worker's load (`router.load`); `pairs(n, c) = n·c + n(n+1)/2` is the
+are the worker's load (`router.telemetry.load`); `pairs(n, c) = n·c + n(n+1)/2` is the
 number of query-key pairs a prefill of n tokens after c cached ones computes.
 
 The eviction term prices the worker's KV pressure: the blocks this request
@@ -47,7 +47,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from router.config import TtftModel
-from router.load import LoadSnapshot
+from router.telemetry.load import LoadSnapshot
 
 
 def attention_pairs(uncached: int, cached: int) -> int:

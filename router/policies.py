@@ -28,8 +28,8 @@ from dataclasses import dataclass
 
 from router.config import TtftModel
 from router.cost import KvPressure, decode_s, delay_s, eviction_s, features, predict_ttft
-from router.hashing import rendezvous_score
-from router.load import LoadSnapshot
+from router.index.hashing import rendezvous_score
+from router.telemetry.load import LoadSnapshot
 
 DEFAULT_MODEL = TtftModel()
 

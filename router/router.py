@@ -35,13 +35,13 @@ from prometheus_client import CollectorRegistry
 from router import policies
 from router.config import POLICIES, RouterConfig, WorkerInfo
 from router.cost import TtftFeatures, attention_pairs, features, predict_ttft
-from router.drivers import Drivers, WorkerFeed
-from router.hashing import block_hashes, cacheable_blocks, prompt_key, root_hash
-from router.metrics import RouterMetrics
-from router.replica import ReplicaSync
+from router.index.hashing import block_hashes, cacheable_blocks, prompt_key, root_hash
+from router.replicas.sync import ReplicaSync
 from router.shared import SharedState
 from router.state import RouterState, WorkerEntry
 from router.state_metrics import RouterStateCollector
+from router.telemetry.drivers import Drivers, WorkerFeed
+from router.telemetry.metrics import RouterMetrics
 from router.types import NoWorkerError, Ranking, WorkerStatus
 
 log = logging.getLogger(__name__)

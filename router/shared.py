@@ -3,7 +3,7 @@
 The router never waits on shared state: it routes on its local index and
 load, pushes its own changes through the non-blocking ``publish_*`` calls, and
 receives other replicas' changes through a :class:`ReplicaSink`
-(`router.replica.ReplicaSync`). An implementation therefore only has to be
+(`router.replicas.sync.ReplicaSync`). An implementation therefore only has to be
 *eventually* consistent, and a replica keeps routing while the backend is down.
 """
 

@@ -2,8 +2,8 @@
 
 One :class:`RouterState` per router holds the worker table, the prefix index,
 the load bookkeeping and the metrics. `router.router.Router` reads and writes
-it for requests, `router.drivers.Drivers` report into it through its
-:class:`~router.drivers.WorkerFeed` methods, and `router.replica.ReplicaSync`
+it for requests, `router.telemetry.drivers.Drivers` report into it through its
+:class:`~router.telemetry.drivers.WorkerFeed` methods, and `router.replicas.sync.ReplicaSync`
 applies other replicas' changes to it. Changes the index learns from this
 replica's own workers are published to the shared state, if any.
 
@@ -17,16 +17,16 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from router.applier import EventApplier
 from router.config import RouterConfig, WorkerInfo
 from router.cost import KvPressure
-from router.events import BlockRemoved, BlockStored, EventBatch, KVEvent
-from router.health import CircuitBreaker, WorkerHealth
-from router.index import PrefixIndex
+from router.index.applier import EventApplier
+from router.index.events import BlockRemoved, BlockStored, EventBatch, KVEvent
+from router.index.prefix_index import PrefixIndex
 from router.learning import CostLearner
-from router.load import LoadTracker, ScrapedMetrics
-from router.metrics import RouterMetrics
 from router.shared import SharedState
+from router.telemetry.health import CircuitBreaker, WorkerHealth
+from router.telemetry.load import LoadTracker, ScrapedMetrics
+from router.telemetry.metrics import RouterMetrics
 
 
 @dataclass(slots=True)

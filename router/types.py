@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from router.health import BreakerState
 from router.policies import Candidate
+from router.telemetry.health import BreakerState
 
 
 class NoWorkerError(LookupError):

@@ -7,14 +7,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from engines.classic import repository as repo
-from engines.classic import uploads
-from engines.classic.config import load_config, normalise, parse_json, validate
-from engines.classic.ensemble import validate_ensemble
 from engines.classic.errors import ConfigError, invalid
 from engines.classic.limits import ClassicLimits
 from engines.classic.model import ModelVersion
 from engines.classic.proto import ModelConfig
+from engines.classic.repository import layout as repo
+from engines.classic.repository import uploads
+from engines.classic.repository.config import load_config, normalise, parse_json, validate
+from engines.classic.scheduling.ensemble import validate_ensemble
 
 
 @dataclass(slots=True)

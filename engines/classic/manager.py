@@ -29,16 +29,16 @@ from typing import Any
 
 import numpy as np
 
-from engines.classic import repository as repo
-from engines.classic import uploads
-from engines.classic.ensemble import step_models
 from engines.classic.errors import Code, ConfigError, InferError, invalid, not_found, unavailable
 from engines.classic.limits import ClassicLimits
 from engines.classic.loading import ModelEntry, load_versions, parse_override, read_config
 from engines.classic.model import ModelVersion
-from engines.classic.names import check_model_name
 from engines.classic.proto import ModelConfig
+from engines.classic.repository import layout as repo
+from engines.classic.repository import uploads
+from engines.classic.repository.names import check_model_name
 from engines.classic.request import InferRequest
+from engines.classic.scheduling.ensemble import step_models
 from engines.classic.stats import StatsSnapshot
 from engines.classic.tasks import supervise
 

@@ -10,14 +10,14 @@ from typing import Any
 import numpy as np
 
 from engines import heap
-from engines.classic.backends import Backend, create_instance
-from engines.classic.ensemble import EnsembleRunner
 from engines.classic.errors import Code, InferError
-from engines.classic.instances import InstancePool
+from engines.classic.execution.backends import Backend, create_instance
+from engines.classic.execution.instances import InstancePool
 from engines.classic.limits import ClassicLimits, execute_timeout_s, isolation
 from engines.classic.proto import ModelConfig
 from engines.classic.request import InferRequest, RequestSpec
-from engines.classic.scheduler import Scheduler
+from engines.classic.scheduling.ensemble import EnsembleRunner
+from engines.classic.scheduling.scheduler import Scheduler
 from engines.classic.stats import BACKEND, CANCELED, OTHER, REJECTED, ModelStats
 
 

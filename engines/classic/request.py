@@ -8,11 +8,11 @@ from typing import Any
 
 import numpy as np
 
-from engines.classic.config import tensor_wire_type
 from engines.classic.dtypes import as_bytes_array, numpy_to_wire
 from engines.classic.errors import invalid
 from engines.classic.limits import check_priority, check_timeout, element_count
 from engines.classic.proto import ModelConfig, ModelInput
+from engines.classic.repository.config import tensor_wire_type
 
 
 @dataclass(slots=True)

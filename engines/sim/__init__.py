@@ -18,10 +18,10 @@ Live worker (a thin async driver around the core):
 
 from __future__ import annotations
 
-from engines.sim.config import CostModel, SimConfig, StepWork
-from engines.sim.engine import EngineSnapshot, RequestSpec, SimEngine
-from engines.sim.outputs import EngineCounters, RequestOutput, StepResult
-from engines.sim.profile import Profile, load_profile
+from engines.sim.model.config import CostModel, SimConfig, StepWork
+from engines.sim.model.engine import EngineSnapshot, RequestSpec, SimEngine
+from engines.sim.model.outputs import EngineCounters, RequestOutput, StepResult
+from engines.sim.model.profile import Profile, load_profile
 
 __all__ = ["CostModel", "EngineCounters", "EngineSnapshot", "Profile", "RequestOutput", "RequestSpec",
            "SimConfig", "SimEngine", "StepResult", "StepWork", "load_profile"]

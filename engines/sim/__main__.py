@@ -8,7 +8,7 @@ import logging
 import sys
 
 from engines.launchers import add_worker_arguments
-from engines.sim.launch import add_sim_arguments, run_sim
+from engines.sim.serving.launch import add_sim_arguments, run_sim
 
 
 def main(argv: list[str] | None = None) -> int:

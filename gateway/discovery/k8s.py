@@ -29,7 +29,8 @@ from engines.errors import SluiceError
 from engines.launchers.registration import WorkerRecord
 from gateway.discovery.spec import DiscoverySpec
 from gateway.discovery.watch import SliceWatcher
-from gateway.llm.workers import WorkerPool, discover_kv_events
+from gateway.llm.workers.pool import WorkerPool
+from gateway.llm.workers.probe import discover_kv_events
 
 log = logging.getLogger("sluice.discovery")
 

@@ -28,15 +28,16 @@ from tritonclient.grpc import service_pb2_grpc
 
 from engines.classic.errors import Code, InferError, invalid
 from engines.classic.manager import ModelRepositoryManager
-from engines.classic.names import check_model_name
+from engines.classic.repository.names import check_model_name
 from engines.errors import SluiceError
-from gateway import peers
-from gateway.kserve import generate, grpc_infer, views
+from gateway.frontends import channel as peers
+from gateway.frontends.channel import Peers
+from gateway.kserve import generate, views
+from gateway.kserve import infer_grpc as grpc_infer
 from gateway.kserve.errors import grpc_status
 from gateway.limits import GrpcLimits
 from gateway.llm.dispatch import Dispatch
 from gateway.llm.service import LLMService
-from gateway.peers import Peers
 from gateway.security.access import current_key_id
 from gateway.security.grpc import AccessInterceptor
 from gateway.security.guard import Security

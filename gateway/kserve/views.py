@@ -8,11 +8,11 @@ from google.protobuf import json_format
 from tritonclient.grpc import model_config_pb2 as mc
 from tritonclient.grpc import service_pb2 as pb
 
-from engines.classic.config import tensor_wire_type
 from engines.classic.errors import Code, InferError
 from engines.classic.manager import ModelRepositoryManager
-from engines.classic.names import check_model_name
-from engines.classic.protojson import fix_int64
+from engines.classic.repository.config import tensor_wire_type
+from engines.classic.repository.names import check_model_name
+from engines.classic.repository.protojson import fix_int64
 from engines.classic.stats import Duration, StatsSnapshot
 
 SERVER_NAME = "sluice"

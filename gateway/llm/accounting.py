@@ -1,12 +1,14 @@
-"""What the LLM layer records about each request: timings, token counts, admission gauges."""
+"""What the LLM layer records about each request: timings, token counts, admission gauges; and
+its seam to per-key token quotas (`TokenQuota`, implemented by `gateway.security.quotas.QuotaService`)."""
 
 from __future__ import annotations
 
 import time
+from typing import Protocol
 
 from engines.base import Delta, EngineRequest
+from gateway.llm.metrics import LLMMetrics
 from gateway.llm.registry import LLMModel
-from gateway.metrics import LLMMetrics
 
 
 class StreamClock:
@@ -46,3 +48,23 @@ def account_finished(metrics: LLMMetrics, model: str, request: EngineRequest, la
 def gauge_admission(metrics: LLMMetrics, model: LLMModel) -> None:
     metrics.inflight.labels(model.name).set(model.admission.running)
     metrics.queued.labels(model.name).set(model.admission.queued)
+
+
+class TokenQuota(Protocol):
+    """`LLMService.dispatch` calls `reserve_tokens` with a request's prompt tokens before
+    it ranks and admits (the only await of a dispatch), `refund_tokens` if the request
+    is then refused before it runs, and `commit_tokens` exactly once when its
+    `Dispatch` closes, with the completion tokens it produced.
+    """
+
+    async def reserve_tokens(self, key_id: str, tokens: int) -> None:
+        """Charge `tokens` to the key, or raise SluiceError(RATE_LIMITED, retry_after_s=...) if they do not fit now."""
+        ...
+
+    def refund_tokens(self, key_id: str, tokens: int) -> None:
+        """Give back a reservation whose request never ran. Never blocks or raises."""
+        ...
+
+    def commit_tokens(self, key_id: str, prompt_tokens: int, completion_tokens: int) -> None:
+        """Record a finished request's usage and charge its completion tokens. Never blocks or raises."""
+        ...

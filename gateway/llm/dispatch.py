@@ -23,10 +23,10 @@ from engines.errors import SluiceError
 from gateway.llm.accounting import StreamClock, account_finished, gauge_admission
 from gateway.llm.admission import Ticket
 from gateway.llm.fanout import merge
+from gateway.llm.metrics import LLMMetrics
 from gateway.llm.registry import LLMModel
 from gateway.llm.targets import Target
-from gateway.metrics import LLMMetrics
-from gateway.tracing import NO_TRACE, RequestTrace
+from gateway.llm.tracing import NO_TRACE, RequestTrace
 
 
 @dataclass(slots=True)
@@ -50,7 +50,7 @@ class Dispatch:
     created: int = field(default_factory=lambda: int(time.time()))
     # Called once by close() with the completion tokens of all choices (per-key token quotas).
     on_close: Callable[[int], None] | None = None
-    trace: RequestTrace = NO_TRACE  # OpenTelemetry spans of this request (gateway.tracing), if tracing
+    trace: RequestTrace = NO_TRACE  # OpenTelemetry spans of this request (gateway.llm.tracing), if tracing
     _closed: bool = False
     _interrupted: SluiceError | None = None
     _wake: asyncio.Event = field(default_factory=asyncio.Event)  # set by interrupt()

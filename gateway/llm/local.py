@@ -44,8 +44,8 @@ def specs_from_configs(configs: dict[str, mc.ModelConfig], repository: Path, onl
 
 async def start_local_llm(registry: ModelRegistry, spec: LLMSpec, max_batch_size: int) -> None:
     """Start an in-process transformers engine and add it to the registry once warm."""
-    from engines.tokenizer import ChatTokenizer
-    from engines.transformers_engine import TransformersEngine, TransformersEngineConfig
+    from engines.text.tokenizer import ChatTokenizer
+    from engines.transformers.engine import TransformersEngine, TransformersEngineConfig
 
     cfg = TransformersEngineConfig(model_dir=spec.model_dir, name=spec.name, dtype=spec.dtype,
                                    max_batch_size=min(spec.max_batch_size, max_batch_size))

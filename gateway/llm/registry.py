@@ -7,7 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from engines.errors import ErrorKind, SluiceError
-from engines.tokenizer import ChatTokenizer
+from engines.text.tokenizer import ChatTokenizer
 from gateway.llm.admission import Admission, AdmissionConfig
 from gateway.llm.targets import Backend
 

@@ -15,14 +15,14 @@ from typing import Any, Literal
 
 from engines.base import EngineRequest, EngineStats
 from engines.errors import ErrorKind, SluiceError
+from gateway.llm.accounting import TokenQuota
 from gateway.llm.admission import AdmissionConfig
 from gateway.llm.dispatch import Dispatch, start_dispatch
-from gateway.llm.metering import TokenQuota
+from gateway.llm.metrics import LLMMetrics
 from gateway.llm.params import GenerationParams, check, sampling_for
 from gateway.llm.registry import LLMModel, ModelRegistry
 from gateway.llm.targets import LocalBackend, RouteHints
-from gateway.metrics import LLMMetrics
-from gateway.tracing import Tracing
+from gateway.llm.tracing import Tracing
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,18 +1,27 @@
-"""POST /v1/chat/completions: validate, render, hand to the LLM layer, build the response."""
+"""POST /v1/chat/completions: validate, render, hand to the LLM layer, build the response.
+
+Chat responses from a dispatch's deltas: `chat.completion.chunk` events, or one `chat.completion`.
+"""
 
 from __future__ import annotations
+
+from collections.abc import AsyncGenerator
+from contextlib import aclosing
+from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
+from engines.base import Delta
+from engines.errors import ErrorKind, SluiceError
+from gateway.app_state import hints_from, state_of
+from gateway.llm.dispatch import Dispatch
 from gateway.llm.service import GenerateCall, Prompt
-from gateway.openai import chat_output
-from gateway.openai.params import generation_params
+from gateway.openai.logprobs import chat_logprobs
 from gateway.openai.prompts import render_chat
-from gateway.openai.schemas import ChatCompletionRequest
-from gateway.openai.sse import new_id, sse, unless_disconnected
+from gateway.openai.schemas import ChatCompletionRequest, generation_params
+from gateway.openai.streaming import ChunkEncoder, UsageTally, new_id, sse, unless_disconnected
 from gateway.security.access import key_id_of
-from gateway.state import hints_from, state_of
 
 router = APIRouter()
 
@@ -33,10 +42,105 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
     d = await st.llm.dispatch(call)
     client_id = request.headers.get("x-request-id")
     if body.stream:
-        return sse(chat_output.stream_chunks(d, body), ping_s=st.settings.sse_ping_s, headers=d.headers(client_id),
+        return sse(stream_chunks(d, body), ping_s=st.settings.sse_ping_s, headers=d.headers(client_id),
                    on_close=d.close)
     try:
-        result = await unless_disconnected(request, chat_output.collect(d))
+        result = await unless_disconnected(request, collect(d))
         return JSONResponse(result, headers=d.headers(client_id))
     finally:
         d.close()
+
+
+def finish_reason(reason: str | None) -> str | None:
+    # "abort" never reaches a client that is still connected; map defensively.
+    return "stop" if reason == "abort" else reason
+
+
+def raise_if_failed(delta: Delta) -> None:
+    if delta.finish_reason == "error":
+        raise SluiceError(delta.error or "the engine failed while generating", ErrorKind.INTERNAL)
+
+
+async def stream_chunks(d: Dispatch, body: ChatCompletionRequest) -> AsyncGenerator[bytes, None]:
+    """The chunks of a streamed chat completion, as JSON bytes."""
+    include_usage = bool(body.stream_options and body.stream_options.include_usage)
+    enc = ChunkEncoder(d.request_id, "completion.chunk", d.created, d.model.name, include_usage=include_usage)
+    tally = UsageTally([len(d.requests[0].prompt_token_ids)])
+    started: set[int] = set()
+    async with aclosing(d.deltas()) as deltas:
+        async for i, delta in deltas:
+            tally.add(i, 0, delta)
+            if i not in started:  # the role appears only in each choice's first delta
+                started.add(i)
+                yield enc.choices([{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                                    "finish_reason": None}])
+            raise_if_failed(delta)
+            if delta.text and not (delta.chat_extra or delta.finish_reason or delta.logprobs):
+                yield enc.content(i, delta.text)  # the common chunk, from the template
+                continue
+            out: dict[str, Any] = {}
+            if delta.text:
+                out["content"] = delta.text
+            if delta.chat_extra:
+                out.update(delta.chat_extra)
+            if out or delta.finish_reason or delta.logprobs:
+                yield enc.choices([{"index": i, "delta": out, "logprobs": chat_logprobs(delta.logprobs),
+                                    "finish_reason": finish_reason(delta.finish_reason)}])
+    if include_usage:
+        yield enc.usage(tally.body())
+
+
+async def collect(d: Dispatch) -> dict[str, Any]:
+    n = len(d.requests)
+    tally = UsageTally([len(d.requests[0].prompt_token_ids)])
+    texts: dict[int, list[str]] = {i: [] for i in range(n)}
+    extras: dict[int, dict[str, Any]] = {i: {} for i in range(n)}
+    logprobs: dict[int, list[dict[str, Any]]] = {i: [] for i in range(n)}
+    finish: dict[int, str | None] = {}
+    async with aclosing(d.deltas()) as deltas:
+        async for i, delta in deltas:
+            tally.add(i, 0, delta)
+            raise_if_failed(delta)
+            texts[i].append(delta.text)
+            if delta.chat_extra:
+                _merge_extra(extras[i], delta.chat_extra)
+            logprobs[i].extend(delta.logprobs or ())
+            if delta.finish_reason:
+                finish[i] = finish_reason(delta.finish_reason)
+    choices = []
+    for i in range(n):
+        message: dict[str, Any] = {"role": "assistant", "content": "".join(texts[i]), **extras[i]}
+        if message.get("tool_calls") and not message["content"]:
+            message["content"] = None
+        choices.append({"index": i, "message": message, "logprobs": chat_logprobs(logprobs[i]),
+                        "finish_reason": finish.get(i)})
+    return {"id": d.request_id, "object": "completion", "created": d.created, "model": d.model.name,
+            "system_fingerprint": None, "choices": choices, "usage": tally.body()}
+
+
+def _merge_extra(acc: dict[str, Any], extra: dict[str, Any]) -> None:
+    """Fold streamed chat extras (reasoning text, tool-call fragments) into a message."""
+    for key, value in extra.items():
+        if key == "tool_calls" and isinstance(value, list):
+            _merge_tool_calls(acc.setdefault("tool_calls", []), value)
+        elif isinstance(value, str):
+            acc[key] = acc.get(key, "") + value
+        else:
+            acc[key] = value
+
+
+def _merge_tool_calls(calls: list[dict[str, Any]], fragments: list[Any]) -> None:
+    for frag in fragments:
+        if not isinstance(frag, dict):
+            continue
+        idx = frag.get("index", len(calls))
+        if not isinstance(idx, int) or not 0 <= idx <= len(calls):
+            idx = len(calls)  # a worker's bad index must not grow the list without bound
+        if idx == len(calls):
+            calls.append({"id": None, "type": "function", "function": {"name": "", "arguments": ""}})
+        call = calls[idx]
+        call["id"] = frag.get("id") or call["id"]
+        call["type"] = frag.get("type") or call["type"]
+        fn = frag.get("function") or {}
+        call["function"]["name"] += fn.get("name") or ""
+        call["function"]["arguments"] += fn.get("arguments") or ""

@@ -1,19 +1,29 @@
-"""POST /v1/completions: text, list of texts, token ids or lists of token ids."""
+"""POST /v1/completions: text, list of texts, token ids or lists of token ids.
+
+Completion responses from a dispatch's deltas: `text_completion` events, or one `text_completion`.
+
+Choice `i` of a request with several prompts answers prompt `i // n`.
+"""
 
 from __future__ import annotations
+
+from collections.abc import AsyncGenerator
+from contextlib import aclosing
+from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
 from engines.errors import ErrorKind, SluiceError
-from gateway.llm.service import GenerateCall
-from gateway.openai import completion_output
-from gateway.openai.params import generation_params
+from gateway.app_state import hints_from, state_of
+from gateway.llm.dispatch import Dispatch
+from gateway.llm.service import GenerateCall, Prompt
+from gateway.openai.chat import finish_reason, raise_if_failed
+from gateway.openai.logprobs import CompletionLogprobs
 from gateway.openai.prompts import completion_prompts, prompt_count
-from gateway.openai.schemas import CompletionRequest
-from gateway.openai.sse import new_id, sse, unless_disconnected
+from gateway.openai.schemas import CompletionRequest, generation_params
+from gateway.openai.streaming import ChunkEncoder, UsageTally, new_id, sse, unless_disconnected
 from gateway.security.access import key_id_of
-from gateway.state import hints_from, state_of
 
 router = APIRouter()
 
@@ -34,10 +44,70 @@ async def completions(body: CompletionRequest, request: Request) -> Response:
     d = await st.llm.dispatch(call)
     client_id = request.headers.get("x-request-id")
     if body.stream:
-        return sse(completion_output.stream_chunks(d, body, prompts), ping_s=st.settings.sse_ping_s,
+        return sse(stream_chunks(d, body, prompts), ping_s=st.settings.sse_ping_s,
                    headers=d.headers(client_id), on_close=d.close)
     try:
-        result = await unless_disconnected(request, completion_output.collect(d, body, prompts))
+        result = await unless_disconnected(request, collect(d, body, prompts))
         return JSONResponse(result, headers=d.headers(client_id))
     finally:
         d.close()
+
+
+def _echo_text(d: Dispatch, prompt: Prompt) -> str:
+    if prompt.text is not None:
+        return prompt.text
+    return d.model.tokenizer.decode(prompt.token_ids, skip_special_tokens=False)
+
+
+async def stream_chunks(d: Dispatch, body: CompletionRequest, prompts: list[Prompt]
+                        ) -> AsyncGenerator[bytes, None]:
+    """The chunks of a streamed completion, as JSON bytes."""
+    include_usage = bool(body.stream_options and body.stream_options.include_usage)
+    enc = ChunkEncoder(d.request_id, "text_completion", d.created, d.model.name, include_usage=include_usage)
+    tally = UsageTally([len(p.token_ids) for p in prompts])
+    offsets: dict[int, CompletionLogprobs] = {}
+    async with aclosing(d.deltas()) as deltas:
+        async for i, delta in deltas:
+            tally.add(i, i // body.n, delta)
+            raise_if_failed(delta)
+            text = delta.text
+            if i not in offsets:
+                echo = _echo_text(d, prompts[i // body.n]) if body.echo else ""
+                text = echo + text
+                offsets[i] = CompletionLogprobs(len(echo))
+            logprobs = offsets[i].add(delta.logprobs) if delta.logprobs else None
+            if not logprobs:
+                offsets[i].offset += len(delta.text)
+            if text and not (delta.finish_reason or logprobs):
+                yield enc.text(i, text)  # the common chunk, from the template
+            elif text or delta.finish_reason or logprobs:
+                yield enc.choices([{"index": i, "text": text, "logprobs": logprobs,
+                                    "finish_reason": finish_reason(delta.finish_reason)}])
+    if include_usage:
+        yield enc.usage(tally.body())
+
+
+async def collect(d: Dispatch, body: CompletionRequest, prompts: list[Prompt]) -> dict[str, Any]:
+    n = len(d.requests)
+    tally = UsageTally([len(p.token_ids) for p in prompts])
+    echoes = [_echo_text(d, prompts[i // body.n]) if body.echo else "" for i in range(n)]
+    texts: dict[int, list[str]] = {i: [echoes[i]] for i in range(n)}
+    logprobs = {i: CompletionLogprobs(len(echoes[i])) for i in range(n)}
+    wanted: set[int] = set()
+    finish: dict[int, str | None] = {}
+    async with aclosing(d.deltas()) as deltas:
+        async for i, delta in deltas:
+            tally.add(i, i // body.n, delta)
+            raise_if_failed(delta)
+            texts[i].append(delta.text)
+            if delta.logprobs:
+                wanted.add(i)
+                logprobs[i].add(delta.logprobs)
+            else:
+                logprobs[i].offset += len(delta.text)
+            if delta.finish_reason:
+                finish[i] = finish_reason(delta.finish_reason)
+    choices = [{"index": i, "text": "".join(texts[i]), "logprobs": logprobs[i].body() if i in wanted else None,
+                "finish_reason": finish.get(i)} for i in range(n)]
+    return {"id": d.request_id, "object": "text_completion", "created": d.created, "model": d.model.name,
+            "system_fingerprint": None, "choices": choices, "usage": tally.body()}

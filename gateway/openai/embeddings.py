@@ -9,10 +9,10 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
 from engines.errors import ErrorKind, SluiceError
+from gateway.app_state import state_of
 from gateway.llm.registry import model_not_found
 from gateway.openai.schemas import EmbeddingRequest
 from gateway.security.access import key_id_of
-from gateway.state import state_of
 
 router = APIRouter()
 

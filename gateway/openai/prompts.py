@@ -8,10 +8,10 @@ from functools import partial
 from typing import Any
 
 from engines.errors import ErrorKind, SluiceError
+from gateway.cpu_pool import Renderer
 from gateway.llm.registry import LLMModel
 from gateway.llm.service import Prompt
 from gateway.openai.schemas import ChatMessage, ChatTemplateFields
-from gateway.render import Renderer
 
 
 def template_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:

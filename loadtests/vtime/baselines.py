@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 from router import Ranking, Router
-from router.hashing import block_hashes, root_hash
+from router.index.hashing import block_hashes, root_hash
 
 _MATCH_BLOCK = 16
 

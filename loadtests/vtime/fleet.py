@@ -34,13 +34,13 @@ from dataclasses import dataclass, field
 import xxhash
 
 from engines.sim import RequestSpec, SimConfig, SimEngine, StepResult, load_profile
-from engines.sim.launch import DEFAULT_PROFILE
+from engines.sim.serving.launch import DEFAULT_PROFILE
 from loadtests.vtime.kv import to_router_batch
 from loadtests.vtime.records import Oracle, RequestRecord, RunResult, WorkerRecord
 from loadtests.vtime.sessions import Session, Turn
 from router import Ranking, Router, RouterConfig, WorkerInfo
-from router.hashing import root_hash
-from router.load import ScrapedMetrics
+from router.index.hashing import root_hash
+from router.telemetry.load import ScrapedMetrics
 
 # A chooser ranks one request: the router's own policies, or an experiment's baseline.
 Chooser = Callable[[Router, str, Sequence[int], str], Ranking]

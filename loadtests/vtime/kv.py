@@ -1,8 +1,8 @@
 """The sim's KV events as the router's ZMQ subscriber would hand them to `router.feed`.
 
 `wire=True` goes the whole way: the engine's events are encoded as the msgpack
-`EventBatch` vLLM publishes (`engines.sim.kv_events.encode_batch`) and decoded
-by the router's own decoder (`router.events.decode_vllm_batch`), as the
+`EventBatch` vLLM publishes (`engines.sim.model.kv_events.encode_batch`) and decoded
+by the router's own decoder (`router.index.events.decode_vllm_batch`), as the
 subscriber does. `wire=False` builds the same decoded dataclasses directly,
 skipping msgpack and the per-token checks, which is most of the cost on long
 prompts; `tests/loadtests/test_vtime_fleet.py` checks that both give the
@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from engines.sim import kv_events as sim
-from router import events as rt
+from engines.sim.model import kv_events as sim
+from router.index import events as rt
 
 
 def to_router_batch(ts: float, events: Sequence[sim.KVEvent], *, wire: bool) -> rt.EventBatch:

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from router import Ranking
-from router.hashing import block_hashes, cacheable_blocks
+from router.index.hashing import block_hashes, cacheable_blocks
 
 
 @dataclass(slots=True)

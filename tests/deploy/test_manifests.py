@@ -114,7 +114,7 @@ def test_workers_name_themselves_after_their_pod(overlay: tuple[str, list[dict[s
         env = {e["name"]: e.get("valueFrom", {}) for e in container["env"]}
         assert env["POD_NAME"]["fieldRef"]["fieldPath"] == "metadata.name"
         assert env["SLUICE_ADMIN_KEY"]["secretKeyRef"] == {"name": "sluice-keys", "key": "SLUICE_ADMIN_KEY"}
-    assert checked or name.startswith("multinode")  # multi-node leaders: tests/engines/test_launch_files.py
+    assert checked or name.startswith("multinode")  # multi-node leaders: tests/engines/launchers/test_launch_files.py
 
 
 def test_grafana_generator_lists_every_dashboard() -> None:

@@ -3,7 +3,7 @@ engine supervisor's sequence (fail in-flight once, restart until it works, count
 
 Time is not waited for: `sleep` is injected and records the delays asked for. The engine
 here is a STAND-IN (a flag for "alive" and a scripted restart); the real transformers
-engine is supervised in tests/gateway/test_engine_restart.py.
+engine is supervised in tests/gateway/llm/test_engine_restart.py.
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import asyncio
 
 import pytest
 
-from engines.engine_supervisor import EngineSupervisor
 from engines.supervision import Backoff, supervise
+from engines.transformers.supervisor import EngineSupervisor
 
 
 class Sleeps:

@@ -8,7 +8,7 @@ number of cases each. Each response must:
   in model control mode "none", and a well-formed request the engine does not support (e.g. a
   penalty the transformers engine lacks) is KServe's 501 UNSUPPORTED (OpenAI routes answer 400);
 - carry a status, content type and body the document declares for the operation
-  (`gateway/openapi.py` declares them; errors are OpenAI's error object on OpenAI routes and
+  (`gateway/routes/openapi.py` declares them; errors are OpenAI's error object on OpenAI routes and
   `{"error": str}` on /v2 routes, which the document's error schemas and `error_in_protocol_shape`
   both check);
 - for a negative case, be a 4xx refusal;

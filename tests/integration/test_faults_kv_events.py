@@ -27,7 +27,7 @@ import zmq.asyncio
 
 from engines.weights import resolve_llm
 from tests.integration.vllm_support import free_port_pair, stop_process, wait_healthy
-from tests.router import eventgen as g
+from tests.router.index import eventgen as g
 from tests.servers import ROOT, Server, free_port, metric_value, start_server
 from tests.standins.vllm_kv_publisher import VllmPublisherStandIn
 

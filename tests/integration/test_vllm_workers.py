@@ -14,8 +14,8 @@ import pytest
 
 from engines.base import Delta, EngineRequest, SamplingParams
 from engines.remote import RemoteEngine, RemoteEngineConfig
-from router.events import BlockStored
-from router.kv_events import ZmqEventSubscriber
+from router.index.events import BlockStored
+from router.index.transports import ZmqEventSubscriber
 from tests.integration.conftest import BLOCK, MODEL, Worker
 from tests.integration.vllm_support import generation_tokens, metric_value
 

@@ -32,11 +32,11 @@ import zmq
 import zmq.asyncio
 from prometheus_client import CollectorRegistry
 
-from engines.tokenizer import ChatTokenizer
+from engines.text.tokenizer import ChatTokenizer
 from router import Router, RouterConfig, WorkerInfo
-from router.events import BlockStored, EventBatch, decode_vllm_batch
-from router.kv_events import ZmqEventSubscriber
-from router.load import parse_vllm_metrics
+from router.index.events import BlockStored, EventBatch, decode_vllm_batch
+from router.index.transports import ZmqEventSubscriber
+from router.telemetry.load import parse_vllm_metrics
 from tests.integration.conftest import BLOCK, MODEL
 from tests.integration.vllm_support import (
     ROOT,

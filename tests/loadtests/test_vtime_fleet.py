@@ -6,7 +6,7 @@ msgpack), and the baselines' rules, not any figure of the reports."""
 
 from __future__ import annotations
 
-from engines.sim import kv_events as sim_events
+from engines.sim.model import kv_events as sim_events
 from loadtests.vtime import workloads
 from loadtests.vtime.baselines import CacheAwareModel, longest_prefix
 from loadtests.vtime.fleet import FleetConfig, VirtualFleet, policy_chooser

@@ -14,8 +14,8 @@ from router import (
     WorkerInfo,
     validate_redis_url,
 )
-from router.load import LoadSnapshot
 from router.policies import WorkerView, rank
+from router.telemetry.load import LoadSnapshot
 
 
 def test_router_config_validation():

@@ -12,8 +12,8 @@ from router import LearningConfig, Router, RouterConfig, TtftModel, WorkerInfo
 from router.cost import KvPressure, TtftFeatures, attention_pairs, eviction_s, predict_ttft, queue_s
 from router.fit import LinearFit
 from router.learning import CostLearner
-from router.load import LoadSnapshot
 from router.state_metrics import imbalance
+from router.telemetry.load import LoadSnapshot
 from tests.router.test_router import Clock
 
 

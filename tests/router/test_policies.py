@@ -4,8 +4,8 @@ import pytest
 
 from router.config import TtftModel
 from router.cost import KvPressure
-from router.load import LoadSnapshot
 from router.policies import WorkerView, rank
+from router.telemetry.load import LoadSnapshot
 
 # 1 ms per prefill token, nothing else: costs read as milliseconds of prefill.
 MS = TtftModel(latency_s=0.0, running_s=0.0, token_s=1e-3, pair_s=0.0)

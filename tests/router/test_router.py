@@ -4,9 +4,9 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from router import NoWorkerError, Router, RouterConfig, WorkerInfo
-from router.events import decode_vllm_batch
-from router.load import ScrapedMetrics
-from tests.router import eventgen as g
+from router.index.events import decode_vllm_batch
+from router.telemetry.load import ScrapedMetrics
+from tests.router.index import eventgen as g
 
 
 class Clock:

@@ -9,12 +9,12 @@ import tracemalloc
 from prometheus_client import CollectorRegistry
 
 from router import Router, RouterConfig, WorkerInfo
-from router.applier import EventApplier
-from router.events import BlockStored
-from router.hashing import block_hashes, root_hash
-from router.index import PrefixIndex
-from router.load import ScrapedMetrics
+from router.index.applier import EventApplier
+from router.index.events import BlockStored
+from router.index.hashing import block_hashes, root_hash
+from router.index.prefix_index import PrefixIndex
 from router.state_metrics import INDEX_ENTRY_BYTES, MAPPED_BLOCK_BYTES
+from router.telemetry.load import ScrapedMetrics
 from tests.router.test_router import Clock
 
 

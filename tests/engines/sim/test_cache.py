@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from engines.sim.cache import BlockCache
-from engines.sim.kv_events import AllBlocksCleared, BlockRemoved
+from engines.sim.model.cache import BlockCache
+from engines.sim.model.kv_events import AllBlocksCleared, BlockRemoved
 
 
 def test_allocation_is_bounded_by_capacity() -> None:

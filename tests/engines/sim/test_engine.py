@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import pytest
 
-from engines.sim.config import CostModel, SimConfig, StepWork
-from engines.sim.engine import RequestSpec, SimEngine
-from engines.sim.kv_events import BlockRemoved, BlockStored, encode_batch
-from engines.sim.outputs import StepResult
-from router.events import BlockStored as WireStored
-from router.events import decode_vllm_batch
+from engines.sim.model.config import CostModel, SimConfig, StepWork
+from engines.sim.model.engine import RequestSpec, SimEngine
+from engines.sim.model.kv_events import BlockRemoved, BlockStored, encode_batch
+from engines.sim.model.outputs import StepResult
+from router.index.events import BlockStored as WireStored
+from router.index.events import decode_vllm_batch
 
 B = 16  # a small block size keeps the prompts short
 

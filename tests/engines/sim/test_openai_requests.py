@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from engines.sim.openai_requests import ApiError, RequestParser
+from engines.sim.serving.openai_requests import ApiError, RequestParser
 
 
 class WordTokenizer:

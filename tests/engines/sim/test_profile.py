@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from engines.sim.config import CostModel
-from engines.sim.profile import FORMAT, ZERO, available, load_profile
+from engines.sim.model.config import CostModel
+from engines.sim.model.profile import FORMAT, ZERO, available, load_profile
 
 
 def test_zero_has_no_delay() -> None:

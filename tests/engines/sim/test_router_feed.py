@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry
 
-from engines.sim.config import SimConfig
-from engines.sim.engine import RequestSpec, SimEngine
-from engines.sim.kv_events import encode_batch
+from engines.sim.model.config import SimConfig
+from engines.sim.model.engine import RequestSpec, SimEngine
+from engines.sim.model.kv_events import encode_batch
 from router import Router, RouterConfig, WorkerInfo
-from router.events import decode_vllm_batch
+from router.index.events import decode_vllm_batch
 
 B = 16
 MODEL = "m"

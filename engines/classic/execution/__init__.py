@@ -1,0 +1,1 @@
+"""Executing batches: instance threads, inline runs on the event loop, and the backends that run model code."""

@@ -1,0 +1,231 @@
+"""A python model instance in its own process: `parameters { key: "isolation" value { string_value: "process" } }`.
+
+The server's side of `stub.py`, which holds the protocol. Like Triton's stub
+processes, and with the same model code and `pb_utils`:
+- Tensors go through two shared-memory segments this object owns (inputs, outputs),
+  grown by replacement when a batch needs more; the socket carries JSON metadata.
+- A crash of the process (a segfault, `os._exit`, anything that ends it) fails only
+  the batch it was running, with INTERNAL; the next batch starts a new process,
+  which runs `initialize()` again.
+- A batch past the time limit kills the process (SIGKILL) and fails with
+  UNAVAILABLE; the next batch starts a new process. So here the limit is hard, and
+  the scheduler does not abandon this instance (`enforces_time_limit`).
+- Every call blocks; it runs on the instance's own thread, never on the event loop.
+- BLS is refused inside the process, with a message saying so.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from engines.classic.errors import Code, ConfigError, InferError
+from engines.classic.execution.backends import shm
+from engines.classic.execution.backends.base import Backend, ComputeTimes, model_file
+from engines.classic.proto import ModelConfig
+from engines.classic.repository.config import to_json
+from engines.errors import ErrorKind
+
+if TYPE_CHECKING:
+    from engines.classic.request import InferRequest
+
+log = logging.getLogger("sluice.classic")
+_ROOT = Path(__file__).resolve().parents[3]  # where the `engines` package lives, for the child's imports
+_INIT_TIMEOUT_S = 600.0  # initialize() may load weights; a hung one still ends
+_FIRST_SEGMENT_BYTES = 1 << 20
+_MAX_REPLY_BYTES = 64 << 20  # metadata only: a reply this large is a broken process
+_MAX_OUTPUT_BYTES = 4 << 30  # one batch's outputs; a process asking for more is treated as broken
+_swept = False  # stale segments of dead servers are removed once per process, at the first isolated instance
+
+
+class _Lost(Exception):
+    """The process died, hung past the limit, or broke the protocol: kill it, fail the batch."""
+
+    def __init__(self, message: str, kind: ErrorKind) -> None:
+        super().__init__(message)
+        self.message, self.kind = message, kind
+
+
+class IsolatedPythonBackend(Backend):
+    enforces_time_limit = True
+
+    def __init__(self, config: ModelConfig, version_dir: Path, index: int, time_limit_s: float) -> None:
+        super().__init__(config)
+        model_file(config, version_dir, "model.py")  # a file outside the model is refused before any spawn
+        global _swept
+        if not _swept:
+            _swept = True
+            for name in shm.sweep_stale():
+                log.info("removed shared-memory segment %s of a server that is gone", name)
+        self._init = {"op": "init", "config": to_json(config), "version_dir": str(version_dir), "index": index}
+        self._limit_s = time_limit_s
+        self._prefix = f"sluice-{os.getpid()}-{index}"
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._conn: Connection | None = None
+        self._in = shm.Segment.create(self._prefix, _FIRST_SEGMENT_BYTES)
+        self._out = shm.Segment.create(self._prefix, _FIRST_SEGMENT_BYTES)
+        try:
+            self._spawn()
+        except BaseException:
+            self._release()
+            raise
+
+    # ---- the process -------------------------------------------------------------------------
+    def _spawn(self) -> None:
+        """Start the process and run initialize(); raises ConfigError with the model's reason."""
+        ours, theirs = socket.socketpair()
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(_ROOT), os.environ.get("PYTHONPATH"))
+                                                          if p))
+        try:
+            self._proc = subprocess.Popen([sys.executable, "-m", "engines.classic.execution.backends.stub",
+                                           str(theirs.fileno())], pass_fds=(theirs.fileno(),),
+                                          stdin=subprocess.DEVNULL, env=env)
+        finally:
+            theirs.close()
+        self._conn = Connection(ours.detach())
+        try:
+            self._send(self._init)
+            reply = self._recv(time.monotonic() + _INIT_TIMEOUT_S, "initialize()")
+        except _Lost as exc:
+            self._kill()
+            raise ConfigError(f"model '{self.config.name}' (isolation 'process'): {exc.message}") from None
+        if "error" in reply:
+            self._kill()
+            raise ConfigError(f"model '{self.config.name}' (isolation 'process'): {reply['error']}")
+        log.info("model %s: instance process %d started", self.config.name, self._proc.pid)
+
+    def _kill(self) -> None:
+        if self._proc is not None:
+            self._proc.kill()
+            self._proc.wait()
+        if self._conn is not None:
+            self._conn.close()
+        self._proc = self._conn = None
+
+    def _status(self) -> str:
+        if self._proc is None:
+            return "not running"
+        try:
+            code = self._proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            return "not responding"
+        if code < 0:
+            return f"killed by {signal.Signals(-code).name}"
+        return f"exit code {code}"
+
+    def _send(self, message: dict[str, Any]) -> None:
+        assert self._conn is not None  # only called with a running process
+        try:
+            self._conn.send_bytes(json.dumps(message).encode())
+        except OSError:
+            raise _Lost(f"model '{self.config.name}': its process exited ({self._status()})",
+                        Code.INTERNAL) from None
+
+    def _recv(self, deadline: float | None, what: str) -> dict[str, Any]:
+        assert self._conn is not None
+        remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+        try:
+            if not self._conn.poll(remaining):
+                raise _Lost(f"model '{self.config.name}' {what} exceeded its time limit of "
+                            f"{self._limit_s if what == 'execute()' else _INIT_TIMEOUT_S:g} s; its process was "
+                            "killed and is restarted", Code.UNAVAILABLE)
+            reply = json.loads(self._conn.recv_bytes(_MAX_REPLY_BYTES))
+        except (EOFError, OSError):
+            raise _Lost(f"model '{self.config.name}': its process exited ({self._status()}) during {what}; it is "
+                        "restarted", Code.INTERNAL) from None
+        except ValueError:
+            raise _Lost(f"model '{self.config.name}': its process sent a malformed reply", Code.INTERNAL) from None
+        if not isinstance(reply, dict):
+            raise _Lost(f"model '{self.config.name}': its process sent a malformed reply", Code.INTERNAL)
+        return reply
+
+    # ---- execute ----------------------------------------------------------------------------
+    def execute(self, requests: list[InferRequest]) -> list[dict[str, np.ndarray] | InferError]:
+        if self._proc is None:
+            try:
+                self._spawn()
+            except ConfigError as exc:
+                return [InferError(f"its process could not be restarted: {exc}", Code.UNAVAILABLE)] * len(requests)
+        try:
+            return self._run(requests)
+        except _Lost as exc:
+            log.error("%s", exc.message)
+            self._kill()
+            self.timings = ComputeTimes()
+            return [InferError(exc.message, exc.kind)] * len(requests)
+
+    def _run(self, requests: list[InferRequest]) -> list[dict[str, np.ndarray] | InferError]:
+        encoded = [shm.encode(r.inputs) for r in requests]
+        size = sum(shm.packed_size(e) for e in encoded)
+        if size > self._in.size:
+            self._in = self._grown(self._in, size)
+        offset, sent = 0, []
+        for request, tensors in zip(requests, encoded, strict=True):
+            metas, offset = shm.pack(tensors, self._in, offset)
+            sent.append({"inputs": metas, "outputs": request.outputs, "batch_size": request.batch_size,
+                         "parameters": request.parameters, "id": request.request_id,
+                         "priority": request.priority, "timeout": request.timeout_us})
+        deadline = time.monotonic() + self._limit_s if self._limit_s else None
+        self._send({"op": "execute", "input": self._in.describe(), "output": self._out.describe(),
+                    "requests": sent}, )
+        reply = self._recv(deadline, "execute()")
+        if "need" in reply:
+            need = int(reply["need"])
+            if not 0 < need <= _MAX_OUTPUT_BYTES:
+                raise _Lost(f"model '{self.config.name}': its outputs need {need} bytes, more than the "
+                            f"{_MAX_OUTPUT_BYTES} one batch may return", Code.INTERNAL)
+            self._out = self._grown(self._out, need)
+            self._send({"op": "grow", "output": self._out.describe()})
+            reply = self._recv(deadline, "execute()")
+        return self._results(reply, len(requests))
+
+    def _results(self, reply: dict[str, Any], count: int) -> list[dict[str, np.ndarray] | InferError]:
+        try:
+            answers = reply["results"]
+            if len(answers) != count:
+                raise ValueError(f"{len(answers)} results for {count} requests")
+            results: list[dict[str, np.ndarray] | InferError] = [
+                InferError(str(a["error"]), ErrorKind(a["kind"])) if "error" in a
+                else shm.unpack(a["outputs"], self._out, copy=True) for a in answers]
+            self.timings = ComputeTimes(*(int(t) for t in reply["timings"]))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise _Lost(f"model '{self.config.name}': its process sent a malformed reply ({exc})",
+                        Code.INTERNAL) from None
+        return results
+
+    def _grown(self, old: shm.Segment, size: int) -> shm.Segment:
+        try:
+            new = shm.Segment.create(self._prefix, max(size, 2 * old.size))
+        except OSError as exc:  # /dev/shm is full: this batch fails, the process starts clean
+            raise _Lost(f"model '{self.config.name}': no shared memory for {size} bytes: {exc}",
+                        Code.UNAVAILABLE) from None
+        old.close()
+        old.unlink()  # the process may still map it until it maps the new one; the memory goes with the last
+        return new
+
+    # ---- close ------------------------------------------------------------------------------
+    def close(self) -> None:
+        if self._proc is not None and self._conn is not None:
+            try:
+                self._send({"op": "close"})
+                self._proc.wait(timeout=10)
+            except (_Lost, subprocess.TimeoutExpired):
+                pass
+        self._kill()
+        self._release()
+
+    def _release(self) -> None:
+        for segment in (self._in, self._out):
+            segment.close()
+            segment.unlink()

@@ -1,0 +1,1 @@
+"""The model repository on disk: Triton layout, config.pbtxt, names, uploaded files."""

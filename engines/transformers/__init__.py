@@ -1,0 +1,1 @@
+"""The in-process LLM engine over transformers' own continuous batching, and its supervisor."""

@@ -1,0 +1,56 @@
+"""Per-app state, reachable from a request as `state_of(request)`."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from fastapi import Request
+from prometheus_client import CollectorRegistry
+
+from gateway.cpu_pool import Renderer
+from gateway.drain import Drain
+from gateway.llm.metrics import LLMMetrics
+from gateway.llm.service import LLMService
+from gateway.llm.targets import RouteHints
+from gateway.llm.workers.pool import WorkerPool
+from gateway.security.guard import Security
+from gateway.settings import Settings
+from router import Router
+
+if TYPE_CHECKING:
+    from engines.classic.manager import ModelRepositoryManager
+    from gateway.embeddings import EmbeddingBridge
+    from gateway.frontends.channel import Peers
+
+
+@dataclass(slots=True)
+class AppState:
+    settings: Settings
+    registry: CollectorRegistry
+    metrics: LLMMetrics
+    llm: LLMService
+    router: Router
+    workers: WorkerPool
+    renderer: Renderer
+    security: Security  # keys, quotas and their metrics
+    classic: ModelRepositoryManager | None = None  # when a repository is served
+    embeddings: EmbeddingBridge | None = None
+    started_at: float = field(default_factory=time.time)
+    ready: bool = False  # set once every model can serve
+    startup_error: str | None = None
+    drain: Drain = field(default_factory=Drain)  # in-flight requests; draining after SIGTERM
+    peers: Peers | None = None  # the sibling frontends of `--frontends N`
+    startup_task: asyncio.Task[None] | None = None  # a frontend's start-up, which it awaits before listening
+
+
+def state_of(request: Request) -> AppState:
+    return request.app.state.sluice  # type: ignore[no-any-return]
+
+
+def hints_from(request: Request) -> RouteHints:
+    st = state_of(request)
+    return RouteHints(policy=request.headers.get("x-routing-policy"),
+                      session_key=request.headers.get(st.router.config.session_header))

@@ -1,0 +1,109 @@
+"""The app factory: state, routes, error handlers and middleware. Start-up lives in `gateway.http.startup`."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+from fastapi.middleware.cors import CORSMiddleware
+from prometheus_client import CollectorRegistry
+
+from engines.classic.manager import ModelRepositoryManager
+from gateway import __version__
+from gateway.app_state import AppState
+from gateway.cpu_pool import Renderer
+from gateway.http import error_handlers as errors
+from gateway.http import startup
+from gateway.http.middleware import BodyLimitMiddleware, DrainMiddleware, SluiceMiddleware
+from gateway.kserve import metrics as kserve_metrics
+from gateway.kserve.http_routes import build_router as kserve_router
+from gateway.kserve.infer_http import KServeInferRoute
+from gateway.llm.local import LLMSpec
+from gateway.llm.metrics import EngineStatsCollector, LLMMetrics
+from gateway.llm.service import LLMService
+from gateway.llm.tracing import Tracing
+from gateway.llm.workers.pool import WorkerPool
+from gateway.openai import chat, completions, embeddings, models
+from gateway.routes import admin, openapi, ops, ui
+from gateway.security.guard import build_security
+from gateway.security.http import AccessMiddleware
+from gateway.settings import Settings
+from router import Router
+
+# Response headers a browser client may read across origins.
+_EXPOSED_HEADERS = ["X-Request-Id", "X-Sluice-Worker", "X-Sluice-Predicted-Cached-Tokens", "X-Sluice-Route-Reason",
+                    "Retry-After"]
+
+
+def build_state(settings: Settings) -> AppState:
+    registry = CollectorRegistry()
+    metrics = LLMMetrics(registry)
+    security = build_security(settings, registry)
+    llm = LLMService(metrics, settings.admission(), settings.max_fanout, tokens=security.quotas,
+                     tracing=Tracing(settings.otlp_endpoint, __version__))
+    registry.register(EngineStatsCollector(llm.engine_stats))
+    shared = None
+    if settings.redis_url:
+        from router.replicas.redis_state import RedisSharedState, RedisStateConfig
+
+        shared = RedisSharedState(RedisStateConfig(url=settings.redis_url))
+    # The router and worker pool exist in every gateway, so workers can register at any time.
+    router = Router(settings.router_config(), registry, shared)
+    renderer = Renderer(settings.template_timeout_s, settings.template_threads, settings.allow_client_chat_templates)
+    state = AppState(settings=settings, registry=registry, metrics=metrics, llm=llm, router=router,
+                     workers=WorkerPool(llm.registry, router, settings.model_repository,
+                                        stall_timeout_s=settings.worker_stall_timeout_s),
+                     renderer=renderer, security=security)
+    if settings.model_repository is not None:
+        state.classic = ModelRepositoryManager(settings.model_repository, control_mode=settings.model_control_mode,
+                                               startup_models=list(settings.load_models),
+                                               limits=settings.classic_limits(),
+                                               allow_uploads=settings.allow_model_uploads)
+        kserve_metrics.register(registry, state.classic)
+    return state
+
+
+def create_app(settings: Settings, llm_specs: list[LLMSpec] | None = None) -> FastAPI:
+    """`llm_specs` overrides the LLMs found in the repository (worker mode)."""
+    state = build_state(settings)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        async with startup.lifespan(state, llm_specs):
+            yield
+
+    # FastAPI's own OpenTelemetry hooks stay off: each request would ask OpenTelemetry for its
+    # three global providers, and an installed SDK would get HTTP spans nobody asked for.
+    # Sluice's traces are its own (gateway/llm/tracing.py, --otlp-endpoint).
+    app = FastAPI(title="Sluice", version=__version__, lifespan=lifespan,
+                  telemetry={"tracing": False, "metrics": False, "logs": False})
+    app.state.sluice = state
+    errors.install(app)
+
+    def observe(route: str, model: str, status: int) -> None:
+        # Only known model names become label values: clients choose the rest.
+        known = state.llm.registry.has(model) or (state.embeddings is not None and model in state.embeddings.models)
+        state.metrics.requests.labels(route, model if known else "", str(status)).inc()
+
+    # Added innermost first. From the outside in: request id, in-flight bound, 500s and the
+    # access log; the drain gate (refusals while draining get request ids and are logged);
+    # CORS (a preflight needs no key); access control; then the body limits, so a stranger
+    # cannot make the server read or inflate a body; then KServe infer, which answers its own
+    # route without FastAPI's router.
+    if state.classic is not None:  # innermost: after every check below, before FastAPI's router
+        app.add_middleware(KServeInferRoute, manager=state.classic, llm=state.llm)
+    app.add_middleware(BodyLimitMiddleware, max_body_bytes=settings.max_body_bytes,
+                       body_timeout_s=settings.body_timeout_s)
+    app.add_middleware(AccessMiddleware, security=state.security, render=errors.error_bytes)
+    if state.security.cors_allow_origins:
+        app.add_middleware(CORSMiddleware, allow_origins=state.security.cors_allow_origins, allow_methods=["*"],
+                           allow_headers=["*"], expose_headers=_EXPOSED_HEADERS)
+    app.add_middleware(DrainMiddleware, drain=state.drain)
+    app.add_middleware(SluiceMiddleware, max_inflight=settings.max_inflight_requests, observe=observe)
+    for module in (chat, completions, embeddings, models, ops, admin, ui):
+        app.include_router(module.router)
+    if state.classic is not None:
+        app.include_router(kserve_router(state.classic, state.llm))
+    openapi.install(app)
+    return app

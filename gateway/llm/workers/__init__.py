@@ -1,0 +1,1 @@
+"""Remote LLM workers: the registered pool, and what each worker says about itself."""

@@ -1,0 +1,170 @@
+"""Remote LLM workers: the pool of registered workers, and routing through `router.Router`.
+
+A worker is an OpenAI-compatible engine server (vLLM, trtllm-serve, or
+`sluice worker --engine transformers`). Each gets one `RemoteEngine`; each model
+served by workers gets a `RoutedBackend` that asks the router for an ordered
+ranking and reports dispatch, first token and outcome back to it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Sequence
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+from engines.base import EngineRequest, LLMEngine
+from engines.errors import ErrorKind, SluiceError
+from engines.launchers.registration import WorkerRecord
+from engines.remote import RemoteEngine, RemoteEngineConfig
+from engines.text.tokenizer import ChatTokenizer
+from engines.weights import resolve_llm
+from gateway.llm.registry import ModelRegistry
+from gateway.llm.targets import RouteHints, Target
+from gateway.llm.workers.probe import context_length, model_cards
+from router import NoWorkerError, Router, WorkerInfo
+
+log = logging.getLogger("sluice.workers")
+
+_DIALECTS = {"vllm": "vllm", "sim": "vllm", "trtllm": "trtllm", "transformers": "openai", "sluice": "openai",
+             "openai": "openai"}
+
+
+def worker_info(record: WorkerRecord, models: tuple[str, ...]) -> WorkerInfo:
+    """The router's view of a registered worker."""
+    events = record.kv_events_endpoint
+    trtllm = record.engine == "trtllm" and bool(events) and str(events).startswith("http")
+    return WorkerInfo(
+        name=record.name, url=record.url.rstrip("/"), models=models, block_size=record.block_size,
+        engine=record.engine, kv_events_endpoint=None if trtllm else events,
+        kv_events_replay_endpoint=None if trtllm else record.kv_events_replay_endpoint,
+        trtllm_events=trtllm,
+    )
+
+
+class RoutedBackend:
+    """All workers serving one model, ranked per request by the router."""
+
+    def __init__(self, model: str, pool: WorkerPool) -> None:
+        self.model = model
+        self.pool = pool
+
+    def rank(self, request: EngineRequest, hints: RouteHints) -> list[Target]:
+        router = self.pool.router
+        try:
+            ranking = router.rank(self.model, request.prompt_token_ids, policy=hints.policy,
+                                  session_key=hints.session_key, lora=request.lora,
+                                  cache_salt=request.cache_salt)
+        except NoWorkerError as e:
+            raise SluiceError(str(e), ErrorKind.NO_WORKER, retry_after_s=1.0) from None
+        except ValueError as e:  # unknown X-Routing-Policy
+            raise SluiceError(str(e), ErrorKind.INVALID_ARG, param="X-Routing-Policy") from None
+        rid = request.request_id
+        targets = []
+        for cand in ranking.candidates:
+            engine = self.pool.engines.get(cand.worker)
+            if engine is None:
+                continue
+            targets.append(Target(
+                cand.worker, engine, cand.predicted_cached_tokens, cand.reason,
+                on_dispatch=partial(router.on_dispatch, rid, ranking, cand.worker),
+                on_first_token=lambda: router.on_first_token(rid),
+                on_finish=lambda cached, failed, answered: router.on_finish(
+                    rid, cached_tokens=cached, error=failed, completion_tokens=answered),
+            ))
+        if not targets:
+            raise SluiceError(f"no healthy worker serves model `{self.model}`", ErrorKind.NO_WORKER,
+                              retry_after_s=1.0)
+        return targets
+
+    def engines(self) -> Sequence[tuple[str, LLMEngine]]:
+        return [(w.name, self.pool.engines[w.name]) for w in self.pool.router.workers()
+                if self.model in w.models and w.name in self.pool.engines]
+
+    def ready(self) -> bool:
+        return any(w.healthy and not w.draining for w in self.pool.router.workers() if self.model in w.models)
+
+
+class WorkerPool:
+    """Owns the RemoteEngines and keeps the router and the LLM service in step."""
+
+    def __init__(self, registry: ModelRegistry, router: Router, repository: Path | None, *,
+                 stall_timeout_s: float = 60.0) -> None:
+        self.registry = registry
+        self.router = router
+        self.repository = repository
+        self.stall_timeout_s = stall_timeout_s
+        self.engines: dict[str, RemoteEngine] = {}
+        self.records: dict[str, WorkerRecord] = {}
+        self._lock = asyncio.Lock()
+
+    async def add(self, record: WorkerRecord) -> list[str]:
+        """Register or replace a worker; returns the model ids it serves.
+
+        Raises SluiceError: UNAVAILABLE if the worker cannot be reached to list its models,
+        ALREADY_EXISTS if a model is already served in-process."""
+        async with self._lock:
+            cards = await model_cards(record.url)
+            models = record.models or tuple(cards)
+            for m in models:
+                existing = self.registry.models.get(m)
+                if existing is not None and not isinstance(existing.backend, RoutedBackend):
+                    raise SluiceError(f"model `{m}` is served in-process by this gateway",
+                                      ErrorKind.ALREADY_EXISTS, param="models")
+            for m in models:
+                if m not in self.registry.models:
+                    tok = await asyncio.to_thread(self._tokenizer, m, record, cards.get(m, {}))
+                    ctx = context_length(cards.get(m, {}))
+                    self.registry.add(m, tok, ctx, RoutedBackend(m, self))
+            # trtllm-serve lists its model under the path it loaded; the record's id is
+            # what clients use, so requests must carry the worker's own id.
+            served = next(iter(cards)) if record.models and len(cards) == 1 and not set(cards) & set(models) \
+                else None
+            old = self.engines.pop(record.name, None)
+            engine = RemoteEngine(RemoteEngineConfig(record.url, name=record.name, served_model=served,
+                                                     dialect=_DIALECTS[record.engine],  # type: ignore[arg-type]
+                                                     stall_timeout_s=self.stall_timeout_s))
+            await engine.start()
+            self.engines[record.name] = engine
+            self.records[record.name] = record
+            self.router.add_worker(worker_info(record, tuple(models)))
+            if old is not None:
+                await old.stop()
+            log.info("worker %s registered: %s (%s)", record.name, ", ".join(models), record.engine)
+            return list(models)
+
+    async def remove(self, name: str) -> bool:
+        async with self._lock:
+            engine = self.engines.pop(name, None)
+            self.records.pop(name, None)
+            if engine is None:
+                return False
+            self.router.remove_worker(name)
+            served = set(self.router.models())
+            for m in [m for m, model in self.registry.models.items()
+                      if isinstance(model.backend, RoutedBackend) and m not in served]:
+                self.registry.remove(m)
+            await engine.stop()
+            log.info("worker %s removed", name)
+            return True
+
+    async def stop(self) -> None:
+        for name in list(self.engines):
+            await self.remove(name)
+
+    def _tokenizer(self, model: str, record: WorkerRecord, card: dict[str, Any]) -> ChatTokenizer:
+        """The model's own tokenizer, found locally: an explicit path or repository
+        name, the model id itself, or the directory the worker reports as `root`."""
+        tried = []
+        for candidate in (record.tokenizer, model, card.get("root")):
+            if not candidate:
+                continue
+            try:
+                return ChatTokenizer(resolve_llm(str(candidate), self.repository))
+            except (FileNotFoundError, ValueError, OSError) as e:
+                tried.append(f"{candidate}: {e}")
+        raise SluiceError(f"no local tokenizer for model `{model}` (tried {'; '.join(tried)}); register the "
+                          "worker with a `tokenizer` path or repository model name", ErrorKind.INVALID_ARG,
+                          param="tokenizer")

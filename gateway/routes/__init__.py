@@ -1,0 +1,1 @@
+"""Routes that are neither OpenAI nor KServe: operations, worker registration, the page, the OpenAPI document."""

@@ -1,0 +1,73 @@
+"""Worker registration API: /v1/admin/workers.
+
+Admin routes: the access middleware (`gateway.security.http`) authenticates an
+admin key (SLUICE_ADMIN_KEYS, SLUICE_ADMIN_KEY or --admin-keys-file) before the
+body is read, or, with no admin key configured, admits only a direct loopback
+peer. `require_admin` fails closed if a route here were ever not classified as
+admin by the access table.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+
+from fastapi import APIRouter, Depends, Request
+from fastapi.responses import JSONResponse, Response
+
+from engines.errors import ErrorKind, SluiceError
+from engines.launchers.registration import WorkerRecord
+from gateway.app_state import state_of
+from gateway.llm.workers.probe import discover_kv_events
+from gateway.security.access import require_admin
+
+router = APIRouter(dependencies=[Depends(require_admin)])
+
+
+def _not_found(name: str) -> SluiceError:
+    return SluiceError(f"no worker named {name!r}", ErrorKind.NOT_FOUND, code="worker_not_found")
+
+
+def _one_process_only(request: Request) -> None:
+    """With --frontends N a change would reach the one frontend this connection landed on."""
+    st = state_of(request)
+    if st.peers is not None:
+        raise SluiceError(f"--frontends {st.settings.frontends}: registering, removing or draining a worker here "
+                          "would change one frontend only; list workers with --worker, --workers-file or "
+                          "--k8s-discovery", ErrorKind.UNSUPPORTED, code="frontends_unsupported")
+
+
+@router.post("/v1/admin/workers")
+async def register_worker(record: WorkerRecord, request: Request) -> JSONResponse:
+    _one_process_only(request)
+    record = await discover_kv_events(record)
+    models = await state_of(request).workers.add(record)
+    return JSONResponse({"name": record.name, "models": models}, status_code=201)
+
+
+@router.delete("/v1/admin/workers/{name}")
+async def deregister_worker(name: str, request: Request) -> Response:
+    _one_process_only(request)
+    if not await state_of(request).workers.remove(name):
+        raise _not_found(name)
+    return Response(status_code=204)
+
+
+@router.post("/v1/admin/workers/{name}/drain")
+async def drain_worker(name: str, request: Request) -> JSONResponse:
+    _one_process_only(request)
+    draining = request.query_params.get("undo") is None
+    try:
+        state_of(request).router.drain(name, draining)
+    except KeyError:
+        raise _not_found(name) from None
+    return JSONResponse({"name": name, "draining": draining})
+
+
+@router.get("/v1/admin/workers")
+async def list_workers(request: Request) -> JSONResponse:
+    out = []
+    for w in state_of(request).router.workers():
+        d = asdict(w)
+        d["breaker"] = w.breaker.name.lower() if hasattr(w.breaker, "name") else str(w.breaker)
+        out.append(d)
+    return JSONResponse({"object": "list", "data": out})
