@@ -38,7 +38,7 @@ once for everyone it shares a worker with.
 
 Without the two, the cost saw only the request's own time to first token: it
 kept a prompt group's conversations on the few workers that hold it (max over
-mean work 7.3 at 64 workers on `loadtests/routing_vtime.py`'s chat workload),
+mean work 7.3 at 64 workers on `loadtests/routing/bench_vtime.py`'s chat workload),
 where answers decoded slower and every new turn's prefill held up the others.
 """
 

@@ -23,7 +23,7 @@ of 1 that weighs as `worker_prior_weight` observations. One scalar per worker, n
 coefficients: the router takes the cheapest of many workers' predictions, and four loosely
 identified coefficients per worker (`pair_s` is seen only on the rare long prompt) make that
 minimum land on whichever worker's fit happens to be most optimistic. In virtual time at 64
-identical workers that put 3.8 times the mean work on one worker (`loadtests/routing_vtime.py`).
+identical workers that put 3.8 times the mean work on one worker (`loadtests/routing/bench_vtime.py`).
 A fleet of unlike machines is still learned, as a speed per worker.
 """
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Build the KServe peer venv once, in the cache, and reuse it: the benchmark's baseline server
-# (loadtests/kserve_peer.py, KServe's ModelServer over onnxruntime) and py-spy, the sampling
-# profiler loadtests/profile_classic.py attaches to the server. Separate from .venv because
+# (loadtests/classic/kserve_peer.py, KServe's ModelServer over onnxruntime) and py-spy, the sampling
+# profiler loadtests/classic/profile_sluice.py attaches to the server. Separate from .venv because
 # kserve pins its own fastapi, uvicorn, grpcio and protobuf. Prints the venv's path.
 set -euo pipefail
 cache=${SLUICE_CACHE:-$HOME/.cache/sluice}

@@ -13,7 +13,7 @@ scheduler `request_latency_s` after it arrives: in vLLM the API server's input
 processing and the hop to the engine core (and, on the way out, detokenizing and
 writing the first chunk) add this to every time to first token without occupying
 the engine. The parameters are fitted against a real vLLM worker by
-`loadtests/calibrate_sim.py` (docs/sim.md).
+`loadtests/sim/calibrate.py` (docs/sim.md).
 """
 
 from __future__ import annotations

@@ -1,0 +1,1 @@
+"""Fault bounds measured rather than asserted: how fast a stream ends when its worker dies."""

@@ -1,0 +1,1 @@
+"""What the gateway adds on the LLM path: relaying streams, and tokenizing chats."""

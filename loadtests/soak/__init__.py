@@ -1,0 +1,1 @@
+"""Long runs of concurrent streams, some clients leaving mid-stream: nothing lost, hung or leaked."""
