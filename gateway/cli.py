@@ -1,8 +1,13 @@
-"""`sluice serve`, `sluice worker` and `sluice launch`.
+"""`sluice serve`, `sluice worker` and `sluice launch`: the one parser of the `sluice` command.
 
-Flags default to "not given" so that `gateway.settings.Settings` can fill every
-field from a `SLUICE_*` environment variable, then from its own default: each
-default lives in one place, the settings class.
+`serve`'s flags are defined here. They default to "not given" so that
+`gateway.settings.Settings` can fill every field from a `SLUICE_*` environment
+variable, then from its own default: each default lives in one place, the settings
+class. `worker` and `launch` reuse the flags engines/ defines once for its own entries
+as well (`python -m engines.launchers`, `python -m engines.sim`), since engines/ cannot
+import the gateway: `engines.launchers.spec.add_worker_arguments` (every worker),
+`engines.sim.serving.launch.add_sim_arguments` (the sim's own) and
+`engines.launchers.multinode.add_launch_arguments`.
 """
 
 from __future__ import annotations
@@ -107,20 +112,18 @@ def _classic_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _worker_parser(sub: Any) -> None:
-    from engines.launchers import add_worker_arguments
+    from engines.launchers import ENGINES, add_worker_arguments
     from engines.sim.serving.launch import add_sim_arguments
 
     p = sub.add_parser("worker", help="start an LLM engine worker (transformers, vllm, trtllm, or the sim model)")
-    p.add_argument("--engine", required=True, choices=["transformers", "vllm", "trtllm", "sim"])
+    p.add_argument("--engine", required=True, choices=["transformers", *ENGINES, "sim"])
     add_worker_arguments(p)
     add_sim_arguments(p)
-    p.add_argument("--model-repository", type=Path, default=Path("model_repository"))
     p.add_argument("--max-batch-size", type=int, default=32, help="transformers engine batch size")
-    p.add_argument("--log-level", default="info")
 
 
 def _launch_parser(sub: Any) -> None:
-    from engines.launchers.launch import add_launch_arguments
+    from engines.launchers.multinode import add_launch_arguments
 
     p = sub.add_parser("launch", help="write the node scripts and LeaderWorkerSet manifest of a multi-node "
                                       "tensor/pipeline-parallel launch (vLLM on Ray, TensorRT-LLM on MPI)")
@@ -135,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     _launch_parser(sub)
     args = parser.parse_args(argv)
     if args.command == "launch":
-        from engines.launchers.launch import run_launch
+        from engines.launchers.multinode import run_launch
 
         return run_launch(args)
     try:

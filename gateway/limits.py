@@ -1,5 +1,5 @@
-"""Bounds on requests: body size (raw and inflated), content encoding, JSON nesting depth; and
-the KServe gRPC server's bounds (`GrpcLimits`), here so that the settings can import them.
+"""Bounds on HTTP requests: body size (raw and inflated), content encoding, JSON nesting depth.
+(The KServe gRPC server's bounds are `gateway.kserve.grpc_limits`.)
 
 `read_body` drains an ASGI request body once, before the app sees it: every body is
 bounded by `max_body_bytes`, a gzip or deflate body is inflated as a stream and the
@@ -12,7 +12,6 @@ from __future__ import annotations
 import re
 import zlib
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -98,15 +97,3 @@ async def read_body(receive: Receive, encoding: str, limit: int) -> tuple[bytes,
             break
     return b"".join(parts), wire
 
-
-@dataclass(frozen=True, slots=True)
-class GrpcLimits:
-    max_message_bytes: int = 64 * 1024 * 1024  # each way; a larger message gets RESOURCE_EXHAUSTED
-    max_concurrent_rpcs: int = 1024  # RPCs in progress at once, streams included
-    max_stream_inflight: int = 128  # requests of one ModelStreamInfer stream running or awaiting delivery
-
-    def __post_init__(self) -> None:
-        if not 1024 <= self.max_message_bytes <= 2**31 - 1:
-            raise ValueError(f"max_message_bytes must be in [1024, 2**31 - 1], got {self.max_message_bytes}")
-        if self.max_concurrent_rpcs < 1 or self.max_stream_inflight < 1:
-            raise ValueError("max_concurrent_rpcs and max_stream_inflight must be >= 1")

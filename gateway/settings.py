@@ -18,7 +18,6 @@ from engines.classic.limits import ClassicLimits
 from engines.classic.manager import CONTROL_MODES
 from engines.launchers.registration import WorkerRecord
 from gateway.discovery.spec import parse_discovery, require_client
-from gateway.limits import GrpcLimits
 from gateway.llm.admission import AdmissionConfig
 from gateway.logs import LOG_FORMATS
 from router import DEFAULT_POLICY, RouterConfig, validate_redis_url
@@ -75,14 +74,15 @@ class Settings(BaseSettings):
     quota_rpm: int = Field(default=0, ge=0)
     quota_tpm: int = Field(default=0, ge=0)
     quota_concurrency: int = Field(default=0, ge=0)
-    # Classic path and KServe gRPC bounds (engines.classic.limits, gateway.kserve.grpc.GrpcLimits).
+    # Classic path and KServe gRPC bounds (engines.classic.limits, gateway.kserve.grpc_limits.GrpcLimits,
+    # which takes its defaults from here: the settings may not import the gRPC server's package).
     allow_model_uploads: bool = False  # repository loads may carry model files (code run at load)
     classic_max_queue_size: int = Field(default=ClassicLimits().max_queue_size, ge=1)  # per level, if config sets none
     classic_max_tensor_elements: int = Field(default=ClassicLimits().max_tensor_elements, ge=1)
     classic_execute_timeout_s: float = Field(default=ClassicLimits().execute_timeout_s, ge=0.0, allow_inf_nan=False)
-    grpc_max_message_bytes: int = Field(default=GrpcLimits().max_message_bytes, ge=1024, le=2**31 - 1)
-    grpc_max_concurrent_rpcs: int = Field(default=GrpcLimits().max_concurrent_rpcs, ge=1)
-    grpc_max_stream_inflight: int = Field(default=GrpcLimits().max_stream_inflight, ge=1)
+    grpc_max_message_bytes: int = Field(default=64 * 1024 * 1024, ge=1024, le=2**31 - 1)  # each way
+    grpc_max_concurrent_rpcs: int = Field(default=1024, ge=1)  # RPCs in progress at once, streams included
+    grpc_max_stream_inflight: int = Field(default=128, ge=1)  # requests of one ModelStreamInfer stream
     # `--frontends N`: N server processes share the ports (gateway.frontends.supervisor); 1: this process serves.
     frontends: int = Field(default=1, ge=1, le=64)
     # Worker mode (`sluice worker --engine transformers --gateway URL`): register there once ready.
@@ -167,9 +167,6 @@ class Settings(BaseSettings):
             items = data.get("workers", []) if isinstance(data, dict) else data
             records += [WorkerRecord.model_validate(item) for item in items]
         return records
-
-    def grpc_limits(self) -> GrpcLimits:
-        return GrpcLimits(self.grpc_max_message_bytes, self.grpc_max_concurrent_rpcs, self.grpc_max_stream_inflight)
 
 
 def _csv(value: str) -> list[str]:

@@ -19,18 +19,18 @@ import httpx
 
 from engines.launchers import registration, trtllm, vllm
 from engines.launchers.process import EngineProcess, StopSignal
-from engines.launchers.spec import ENGINES, WorkerSpec, add_worker_arguments, spec_from_args
+from engines.launchers.spec import ENGINES, WorkerEnvironment, WorkerSpec, add_worker_arguments, spec_from_args
 
 log = logging.getLogger(__name__)
 
-__all__ = ["ENGINES", "WorkerSpec", "add_worker_arguments", "run_worker", "spec_from_args"]
+__all__ = ["ENGINES", "WorkerEnvironment", "WorkerSpec", "add_worker_arguments", "run_worker", "spec_from_args"]
 
 _BLOCK_SIZE_RE = re.compile(r'vllm:cache_config_info\{[^}]*block_size="(\d+)"')
 
 
 def run_worker(args: argparse.Namespace) -> int:
     """Launch, supervise and (with --gateway) register one worker; see the module docstring."""
-    spec = spec_from_args(args)
+    spec = spec_from_args(args, WorkerEnvironment.from_environ())
     with tempfile.TemporaryDirectory(prefix="sluice-worker-") as scratch, StopSignal() as stop:
         proc = _spawn(spec, Path(scratch))
         if not proc.wait_healthy(f"{spec.url}/health", spec.startup_timeout_s, stop.event):
@@ -42,7 +42,7 @@ def run_worker(args: argparse.Namespace) -> int:
         registered = False
         try:
             if spec.gateway:
-                registration.register(spec.gateway, _record(spec))
+                registration.register(spec.gateway, _record(spec), spec.admin_key)
                 registered = True
             while proc.poll() is None and not stop.event.wait(1.0):
                 pass
@@ -52,7 +52,7 @@ def run_worker(args: argparse.Namespace) -> int:
             return 1
         finally:
             if registered and spec.gateway:
-                registration.deregister(spec.gateway, spec.worker_name)
+                registration.deregister(spec.gateway, spec.worker_name, spec.admin_key)
         died = proc.poll()
         proc.stop(spec.stop_timeout_s)
         if died is not None:

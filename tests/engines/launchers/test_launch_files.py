@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from engines.launchers.launch import MANIFEST_FILE, add_launch_arguments, plan_from_args, render
 from engines.launchers.lws import LWS_INDEX_LABEL
+from engines.launchers.multinode import MANIFEST_FILE, add_launch_arguments, plan_from_args, render
 from tests.deploy.validation import DEPLOY, validate
 
 
