@@ -14,8 +14,15 @@ async def merge(streams: list[AsyncIterator[Delta]]) -> AsyncGenerator[tuple[int
     Closing the merged iterator cancels every inner stream (client disconnects
     abort all choices)."""
     if len(streams) == 1:
-        async for d in streams[0]:
-            yield 0, d
+        # Closed here, not when the loop finalises the dropped generator a turn later:
+        # a disconnected client's engine request is aborted before `merge` returns.
+        only = streams[0]
+        try:
+            async for d in only:
+                yield 0, d
+        finally:
+            if isinstance(only, AsyncGenerator):
+                await only.aclose()
         return
     queue: asyncio.Queue[tuple[int, Delta | BaseException | None]] = asyncio.Queue()
 
