@@ -1,5 +1,7 @@
 """Suite-wide debugging aid: `kill -USR1 <pytest pid>` prints every asyncio task's stack
-to stderr (and `kill -USR2` every thread's), to diagnose a hung test without killing it."""
+to stderr (and `kill -USR2` every thread's), to diagnose a hung test without killing it.
+
+And the rule that only tests marked `integration` start servers (tests/server_guard.py)."""
 
 from __future__ import annotations
 
@@ -7,6 +9,11 @@ import asyncio
 import faulthandler
 import signal
 import sys
+from collections.abc import Iterator
+
+import pytest
+
+from tests import server_guard
 
 
 def _dump_tasks(signum: int, frame: object) -> None:
@@ -27,3 +34,11 @@ def _all_tasks() -> set[asyncio.Task]:
 
 faulthandler.register(signal.SIGUSR2, all_threads=True)
 signal.signal(signal.SIGUSR1, _dump_tasks)
+
+
+server_guard.install()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    yield from server_guard.track(item)

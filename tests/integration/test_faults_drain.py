@@ -156,7 +156,7 @@ async def test_streams_that_finish_in_time_end_normally_and_the_process_exits_af
         exited = time.monotonic() - signalled
         print(f"\nFAULT-TIMING drain in time: streams done {finished:.2f} s, exit {exited:.2f} s after SIGTERM")
         assert code == 0, gateway.log()[-3000:]
-        assert exited < 120  # it did not wait for the deadline
-        assert "drained: no request in flight" in gateway.log()
+        # It exited once the streams were done, not at the deadline.
+        assert "drained: no request in flight" in gateway.log() and "drain deadline passed" not in gateway.log()
     finally:
         gateway.stop()

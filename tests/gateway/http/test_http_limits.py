@@ -88,7 +88,7 @@ def test_json_nested_too_deep_is_400(server: Server) -> None:
 def test_slow_headers_are_cut_off(server: Server) -> None:
     with socket.create_connection(("127.0.0.1", server.http_port), timeout=10) as s:
         s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n")
-        deadline = time.monotonic() + 8
+        deadline = time.monotonic() + 60  # the limit is 1 s: this only bounds a connection that is never cut
         closed = False
         while time.monotonic() < deadline:
             try:

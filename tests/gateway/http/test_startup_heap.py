@@ -14,6 +14,7 @@ import weakref
 from pathlib import Path
 
 import httpx
+import pytest
 import uvicorn
 
 from engines import heap
@@ -22,6 +23,7 @@ from gateway.settings import Settings
 from tests.servers import free_port, wait_health
 
 
+@pytest.mark.integration
 def test_the_heap_is_frozen_once_the_gateway_is_ready(tmp_path: Path) -> None:
     gc.unfreeze()
     assert gc.get_freeze_count() == 0

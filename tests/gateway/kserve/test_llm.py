@@ -193,7 +193,7 @@ def test_grpc_stream_cancel_aborts_the_engine_request(llm_server: Server) -> Non
         client.stop_stream(cancel_requests=True)
     finally:
         client.close()
-    deadline = time.monotonic() + 15
+    deadline = time.monotonic() + 120  # only bounds a request that never ends
     while _engine_running(llm_server) > 0 and time.monotonic() < deadline:
         time.sleep(0.1)
     assert _engine_running(llm_server) == 0

@@ -17,6 +17,11 @@ PROMPTS = ["What is 2+2?", "Name a color.", "What is the capital of France?", "S
            "Name a fruit.", "What is the opposite of hot?"]
 
 
+def _generated(server: Server) -> float:
+    text = httpx.get(server.url + "/metrics").text
+    return metric_value(text, "sluice_generation_tokens_total", {"model": LLM_NAME}) or 0.0
+
+
 def _metric(server: Server, name: str) -> float:
     value = metric_value(httpx.get(server.url + "/metrics").text, name, {"model": LLM_NAME})
     assert value is not None, name
@@ -43,6 +48,7 @@ async def test_concurrent_streams_share_a_batch_and_match_solo_runs(llm_server: 
 async def test_disconnect_aborts_engine_request(llm_server: Server) -> None:
     body = {"model": LLM_NAME, "messages": [{"role": "user", "content": "Write a long story."}],
             "max_tokens": 500, "temperature": 0, "ignore_eos": True, "stream": True}
+    generated_before = _generated(llm_server)
     async with httpx.AsyncClient(base_url=llm_server.url, timeout=120) as http, \
             http.stream("POST", "/v1/chat/completions", json=body) as r:
         seen = 0
@@ -53,10 +59,11 @@ async def test_disconnect_aborts_engine_request(llm_server: Server) -> None:
                 break
         assert _metric(llm_server, "sluice_engine_requests_running") >= 1
     # leaving the block closed the connection mid-stream
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 120  # only bounds a request that never ends
     while _metric(llm_server, "sluice_engine_requests_running") > 0 and time.monotonic() < deadline:
         await asyncio.sleep(0.1)
     assert _metric(llm_server, "sluice_engine_requests_running") == 0
+    assert _generated(llm_server) - generated_before < 500  # aborted, not run to max_tokens
     assert _metric(llm_server, "sluice_requests_inflight") == 0
     # The engine still serves after the abort.
     c = openai.AsyncOpenAI(base_url=llm_server.url + "/v1", api_key="unused", max_retries=0, timeout=120)

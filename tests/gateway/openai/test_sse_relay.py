@@ -17,6 +17,8 @@ from engines.errors import ErrorKind
 from gateway.openai.streaming import sse
 from tests.servers import free_port
 
+pytestmark = pytest.mark.integration  # real uvicorn
+
 
 @pytest.fixture(scope="module")
 def relay_url() -> Iterator[str]:
