@@ -22,7 +22,7 @@ from router import Router
 
 if TYPE_CHECKING:
     from engines.classic.manager import ModelRepositoryManager
-    from gateway.embeddings import EmbeddingBridge
+    from gateway.embedding_models import EmbeddingBridge
     from gateway.frontends.channel import Peers
 
 

@@ -5,8 +5,8 @@
 
 from __future__ import annotations
 
-from engines.classic.errors import Code, ConfigError, InferError
+from engines.classic.errors import ConfigError, InferError
 from engines.classic.manager import ModelRepositoryManager
 from engines.classic.stats import StatsSnapshot
 
-__all__ = ["Code", "ConfigError", "InferError", "ModelRepositoryManager", "StatsSnapshot"]
+__all__ = ["ConfigError", "InferError", "ModelRepositoryManager", "StatsSnapshot"]

@@ -8,15 +8,12 @@ from __future__ import annotations
 
 from engines.errors import ErrorKind, SluiceError
 
-# Triton's status codes are a subset of the domain's kinds.
-Code = ErrorKind
-
 
 class InferError(SluiceError):
     """A request (or a repository call) failed; `message` is safe to return to the client."""
 
-    def __init__(self, message: str, code: ErrorKind = ErrorKind.INVALID_ARG) -> None:
-        super().__init__(message, code)
+    def __init__(self, message: str, kind: ErrorKind = ErrorKind.INVALID_ARG) -> None:
+        super().__init__(message, kind)
 
 
 class ConfigError(ValueError):
@@ -24,12 +21,12 @@ class ConfigError(ValueError):
 
 
 def invalid(message: str) -> InferError:
-    return InferError(message, Code.INVALID_ARG)
+    return InferError(message, ErrorKind.INVALID_ARG)
 
 
 def unavailable(message: str) -> InferError:
-    return InferError(message, Code.UNAVAILABLE)
+    return InferError(message, ErrorKind.UNAVAILABLE)
 
 
 def not_found(message: str) -> InferError:
-    return InferError(message, Code.NOT_FOUND)
+    return InferError(message, ErrorKind.NOT_FOUND)

@@ -11,7 +11,7 @@ from engines.classic.errors import ConfigError, invalid
 from engines.classic.limits import ClassicLimits
 from engines.classic.model import ModelVersion
 from engines.classic.proto import ModelConfig
-from engines.classic.repository import layout as repo
+from engines.classic.repository import disk as repo
 from engines.classic.repository import uploads
 from engines.classic.repository.config import load_config, normalise, parse_json, validate
 from engines.classic.scheduling.ensemble import validate_ensemble

@@ -11,6 +11,7 @@ Entry points used by the gateway (and by BLS calls and ensembles):
   `bytes` (str/bytes arrays are accepted). `version` "" (or None) means the
   latest ready version. Raises `InferError` whose `.kind` maps to the protocol
   status (NOT_FOUND, INVALID_ARG, UNAVAILABLE for a full queue or a timeout...).
+  The KServe edges look a model up once (`get_version`) and run on it (`ModelVersion.infer`).
 - Repository extension: `repository_index()`, `await load(name, config_json,
   files)`, `await unload(name)`, allowed in "explicit" control mode; `files`
   (code the client sent) only with `allow_uploads`.
@@ -29,18 +30,19 @@ from typing import Any
 
 import numpy as np
 
-from engines.classic.errors import Code, ConfigError, InferError, invalid, not_found, unavailable
+from engines.classic.errors import ConfigError, InferError, invalid, not_found, unavailable
 from engines.classic.limits import ClassicLimits
 from engines.classic.loading import ModelEntry, load_versions, parse_override, read_config
 from engines.classic.model import ModelVersion
 from engines.classic.proto import ModelConfig
-from engines.classic.repository import layout as repo
+from engines.classic.repository import disk as repo
 from engines.classic.repository import uploads
 from engines.classic.repository.names import check_model_name
 from engines.classic.request import InferRequest
 from engines.classic.scheduling.ensemble import step_models
 from engines.classic.stats import StatsSnapshot
-from engines.classic.tasks import supervise
+from engines.errors import ErrorKind
+from engines.supervision import QUICK_BACKOFF, BackgroundTask
 
 log = logging.getLogger("sluice.classic")
 CONTROL_MODES = ("none", "explicit", "poll")
@@ -66,7 +68,7 @@ class ModelRepositoryManager:
         self._models: dict[str, ModelEntry] = {}
         self._llm: dict[str, ModelConfig] = {}
         self._ready = False
-        self._poller: asyncio.Task[None] | None = None
+        self._poller = BackgroundTask("repository poller", self._poll_forever, backoff=QUICK_BACKOFF)
 
     # ---- lifecycle -------------------------------------------------------------------------
     async def start(self) -> None:
@@ -77,15 +79,12 @@ class ModelRepositoryManager:
             names = list(repo.model_dirs(self.repo_dir))
         await self._load_many(names)
         if self.control_mode == "poll":
-            self._poller = self.loop.create_task(supervise("repository poller", self._poll_forever),
-                                                 name="sluice-repo-poll")
+            self._poller.start()
         self._ready = True
 
     async def stop(self) -> None:
         self._ready = False
-        if self._poller is not None:
-            self._poller.cancel()
-            await asyncio.gather(self._poller, return_exceptions=True)
+        await self._poller.stop()
         for entry in list(self._models.values()):
             await self._close_versions(entry)
 
@@ -176,7 +175,7 @@ class ModelRepositoryManager:
         self._require_explicit("load")
         if files and not self.allow_uploads:
             raise InferError(f"failed to load '{name}': model file uploads ('file:' parameters) are disabled on "
-                             "this server (start it with --allow-model-uploads)", Code.PERMISSION_DENIED)
+                             "this server (start it with --allow-model-uploads)", ErrorKind.PERMISSION_DENIED)
         model_dir = self.repo_dir / name
         override = parse_override(name, model_dir, config_json, files)
         if not files:
@@ -282,7 +281,7 @@ class ModelRepositoryManager:
 
     # ---- poll mode -------------------------------------------------------------------------
     async def _poll_forever(self) -> None:
-        while True:  # a failing poll is logged and the loop restarted by `supervise`
+        while True:  # a failing poll is logged and the loop restarted by its BackgroundTask
             await asyncio.sleep(self.poll_interval_s)
             await self.poll_once()
 

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from engines import heap
-from engines.classic.errors import Code, InferError
+from engines.classic.errors import InferError
 from engines.classic.execution.backends import Backend, create_instance
 from engines.classic.execution.instances import InstancePool
 from engines.classic.limits import ClassicLimits, execute_timeout_s, isolation
@@ -19,6 +19,7 @@ from engines.classic.request import InferRequest, RequestSpec
 from engines.classic.scheduling.ensemble import EnsembleRunner
 from engines.classic.scheduling.scheduler import Scheduler
 from engines.classic.stats import BACKEND, CANCELED, OTHER, REJECTED, ModelStats
+from engines.errors import ErrorKind
 
 
 def instance_count(config: ModelConfig) -> int:
@@ -89,7 +90,7 @@ class ModelVersion:
             reason = CANCELED
             raise
         except InferError as e:  # a step refused by its scheduler, or failed in its backend
-            reason = REJECTED if e.kind is Code.OVERLOADED else BACKEND
+            reason = REJECTED if e.kind is ErrorKind.OVERLOADED else BACKEND
             raise
         finally:
             elapsed = time.monotonic_ns() - start_ns

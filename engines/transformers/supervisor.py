@@ -9,9 +9,10 @@ once, so every open stream ends with an error, then `restart()` until it succeed
 waiting `Backoff.delay_s(n)` before the n-th consecutive attempt. A crash soon after a
 restart continues the count, so a crash loop slows down instead of spinning.
 
-Everything runs on the engine's event loop. The supervisor's own loop is itself run
-under `supervise`, so a bug here is logged and restarted rather than silently ending
-supervision.
+The failure count and its backoff are `engines.supervision.Restarts`, the accounting
+every background task shares. Everything runs on the engine's event loop. The
+supervisor's own loop is itself a `BackgroundTask`, so a bug here is logged and
+restarted rather than silently ending supervision.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import asyncio
 import logging
 from typing import Protocol
 
-from engines.supervision import Backoff, Sleep, supervise
+from engines.supervision import BackgroundTask, Backoff, Restarts, Sleep
 
 log = logging.getLogger(__name__)
 
@@ -48,29 +49,25 @@ class EngineSupervisor:
         if poll_s <= 0:
             raise ValueError(f"poll_s must be > 0, got {poll_s}")
         self.name = name
-        self.restarts = 0
         self.down = False  # from the death being noticed until a restart succeeded
         self._engine = engine
-        self._backoff = backoff or Backoff()
+        # Carried across a crash soon after a restart: a crash loop keeps slowing down.
+        self._restarts = Restarts(backoff or Backoff())
         self._poll_s = poll_s
         self._sleep = sleep
-        self._failures = 0  # consecutive failures, carried across a crash soon after a restart
-        self._up_since = 0.0
-        self._task: asyncio.Task[None] | None = None
+        self._watcher = BackgroundTask(f"engine-supervisor-{name}", self._watch, backoff=self._restarts.backoff)
+
+    @property
+    def restarts(self) -> int:
+        return self._restarts.total
 
     def start(self) -> None:
         """Begin watching; the engine must be running."""
-        if self._task is None:
-            self._up_since = asyncio.get_running_loop().time()
-            self._task = asyncio.create_task(
-                supervise(f"engine-supervisor-{self.name}", self._watch, backoff=self._backoff),
-                name=f"engine-supervisor-{self.name}")
+        self._restarts.started(asyncio.get_running_loop().time())
+        self._watcher.start()
 
     async def stop(self) -> None:
-        task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
+        await self._watcher.stop()
 
     async def _watch(self) -> None:
         while True:
@@ -84,20 +81,17 @@ class EngineSupervisor:
         ended = self._engine.fail_in_flight(f"the engine {self.name} failed and is restarting")
         log.error("engine %s: the generation loop died; ended %d request(s) in flight; restarting",
                   self.name, ended)
-        if loop.time() - self._up_since >= self._backoff.reset_after_s:
-            self._failures = 0
         while True:
-            self._failures += 1
-            delay = self._backoff.delay_s(self._failures)
-            log.warning("engine %s: restart attempt %d in %.1f s", self.name, self._failures, delay)
+            delay = self._restarts.failed(loop.time())
+            attempt = self._restarts.in_a_row
+            log.warning("engine %s: restart attempt %d in %.1f s", self.name, attempt, delay)
             await self._sleep(delay)
             try:
                 await self._engine.restart()
             except Exception:
-                log.exception("engine %s: restart attempt %d failed", self.name, self._failures)
+                log.exception("engine %s: restart attempt %d failed", self.name, attempt)
                 continue
             break
-        self.restarts += 1
+        self._restarts.restarted(loop.time())
         self.down = False
-        self._up_since = loop.time()
         log.warning("engine %s: restarted (%d restart(s) since start)", self.name, self.restarts)

@@ -14,9 +14,9 @@ asyncio task that reconciles what the watchers report with `WorkerPool`:
 
 Only workers this discovery added or adopted are ever removed by it, and a spec
 whose watcher has not listed yet removes nothing. The reconcile task and the watcher
-threads are supervised: a task that dies is logged and restarted after a backoff; a
-thread that dies is replaced. Everything but the watcher threads runs on the event
-loop that called `start()`.
+threads are supervised: the task is an `engines.supervision.BackgroundTask` (a failure is
+logged, counted in `restarts` and restarted after a backoff); a thread that dies is
+replaced. Everything but the watcher threads runs on the event loop that called `start()`.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from collections.abc import Sequence
 
 from engines.errors import SluiceError
 from engines.launchers.registration import WorkerRecord
+from engines.supervision import BackgroundTask, Backoff
 from gateway.discovery.spec import DiscoverySpec
 from gateway.discovery.watch import SliceWatcher
 from gateway.llm.workers.pool import WorkerPool
@@ -41,9 +42,7 @@ class K8sDiscovery:
         self.specs = list(specs)
         self.pool = pool
         self.retry_s = retry_s
-        self.restart_backoff_max_s = restart_backoff_max_s
         self.synced = asyncio.Event()  # every spec listed once and reconciled: /health may turn ready
-        self.restarts = 0  # times the reconcile task died and was restarted
         self.watchers: list[SliceWatcher] = []
         self._seen: dict[int, dict[str, str]] = {}  # spec index -> ready worker name -> URL
         self._owned: dict[str, int] = {}  # worker name -> the spec that added it
@@ -51,21 +50,29 @@ class K8sDiscovery:
         self._pending: set[str] = set()  # ready but not added yet (the add failed, or it was being removed)
         self._removing: set[str] = set()
         self._wake = asyncio.Event()
-        self._task: asyncio.Task[None] | None = None
+        backoff = Backoff(initial_s=retry_s, max_s=max(retry_s, restart_backoff_max_s))
+        # A crash sets the wake-up, so the restarted loop reconciles at once what the dead pass left undone.
+        self._reconciler = BackgroundTask("k8s-discovery", self._run, backoff=backoff,
+                                          on_crash=lambda _: self._wake.set())
         self._loop: asyncio.AbstractEventLoop | None = None
+
+    @property
+    def restarts(self) -> int:
+        """Times the reconcile task died and was restarted."""
+        return self._reconciler.restarts.total
 
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
         self.watchers = [self._watcher(i) for i in range(len(self.specs))]
-        self._task = asyncio.create_task(self._supervise(), name="sluice-k8s-discovery")
+        self._reconciler.start()
 
     async def stop(self) -> None:
         for watcher in self.watchers:
             watcher.stop()
-        tasks = [t for t in (self._task, *self._leaving.values()) if t is not None]
+        tasks = list(self._leaving.values())
         for task in tasks:
             task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await asyncio.gather(self._reconciler.stop(), *tasks, return_exceptions=True)
 
     def _watcher(self, index: int) -> SliceWatcher:
         watcher = SliceWatcher(self.specs[index], lambda workers: self._from_thread(index, workers))
@@ -79,20 +86,6 @@ class K8sDiscovery:
     def _update(self, index: int, workers: dict[str, str]) -> None:
         self._seen[index] = workers
         self._wake.set()
-
-    async def _supervise(self) -> None:
-        delay = self.retry_s
-        while True:
-            try:
-                await self._run()
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                self.restarts += 1
-                log.exception("discovery: the reconcile loop died; restarting in %.1f s", delay)
-                self._wake.set()  # whatever the dead pass left undone is done by the next
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, self.restart_backoff_max_s)
 
     async def _run(self) -> None:
         while True:

@@ -24,11 +24,11 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, generate_latest
 
-from engines.classic.errors import Code, InferError
+from engines.classic.errors import InferError
 from engines.classic.manager import ModelRepositoryManager
 from engines.classic.repository.names import check_model_name
 from engines.classic.stats import StatsSnapshot, merge_snapshots, snapshot_from_dict, snapshot_to_dict
-from engines.errors import SluiceError
+from engines.errors import ErrorKind, SluiceError
 
 log = logging.getLogger("sluice.peers")
 TIMEOUT_S = 5.0
@@ -137,7 +137,7 @@ async def statistics(manager: ModelRepositoryManager, peers: Peers | None, name:
             answer = json.loads(body)
             snaps = [snapshot_from_dict(d) for d in answer.get("stats", [])]
         except (ValueError, KeyError, TypeError, AttributeError) as e:
-            raise InferError(f"frontend {index} sent statistics that could not be read: {e}", Code.INTERNAL) from e
+            raise InferError(f"frontend {index} sent statistics that could not be read: {e}", ErrorKind.INTERNAL) from e
         for s in snaps:
             if (s.name, s.version) in parts:  # a version only a sibling has is still loading or unloading here
                 parts[(s.name, s.version)].append(s)

@@ -72,7 +72,7 @@ def check_no_local_llms(repository: Path | None, served: tuple[str, ...], worker
         return
     from engines.classic.errors import ConfigError
     from engines.classic.repository.config import load_config
-    from engines.classic.repository.layout import model_dirs
+    from engines.classic.repository.disk import model_dirs
 
     names = []
     for name, model_dir in sorted(model_dirs(repository).items()):

@@ -92,7 +92,7 @@ def create_app(settings: Settings, llm_specs: list[LLMSpec] | None = None) -> Fa
     # cannot make the server read or inflate a body; then KServe infer, which answers its own
     # route without FastAPI's router.
     if state.classic is not None:  # innermost: after every check below, before FastAPI's router
-        app.add_middleware(KServeInferRoute, manager=state.classic, llm=state.llm)
+        app.add_middleware(KServeInferRoute, manager=state.classic, llms=state.llm.registry)
     app.add_middleware(BodyLimitMiddleware, max_body_bytes=settings.max_body_bytes,
                        body_timeout_s=settings.body_timeout_s)
     app.add_middleware(AccessMiddleware, security=state.security, render=errors.error_bytes)

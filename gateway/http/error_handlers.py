@@ -1,6 +1,6 @@
 """Exception handlers: every failure answered in the protocol of the route it hit.
 
-KServe v2 routes (`/v2...`) answer `{"error": "..."}` through the KServe table;
+KServe v2 routes (`/v2...`) answer `{"error": "..."}` through the KServe table (`ErrorReply`);
 everything else answers OpenAI's error object through the OpenAI table. Each
 table lives with its protocol (`gateway/kserve/errors.py`, `gateway/openai/errors.py`).
 """
@@ -17,7 +17,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from engines.errors import ErrorKind, SluiceError
-from gateway.kserve.errors import http_status, retry_headers
+from gateway.kserve.errors import ErrorReply
 from gateway.openai.errors import OpenAIError
 
 log = logging.getLogger("sluice.errors")
@@ -30,7 +30,8 @@ def is_kserve(path: str) -> bool:
 def error_json(path: str, exc: SluiceError) -> tuple[int, dict[str, Any], dict[str, str]]:
     """(status, body, headers) for a domain error on the route at `path`."""
     if is_kserve(path):
-        return http_status(exc), {"error": exc.message}, retry_headers(exc)
+        reply = ErrorReply.of(exc)
+        return reply.status, reply.body(), reply.headers
     err = OpenAIError.of(exc)
     return err.status_code, err.body(), err.headers
 
@@ -74,7 +75,8 @@ async def _http(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, StarletteHTTPException)
     headers = dict(exc.headers or {})
     if is_kserve(request.url.path):
-        return JSONResponse({"error": str(exc.detail)}, status_code=exc.status_code, headers=headers)
+        reply = ErrorReply(exc.status_code, str(exc.detail), headers)
+        return JSONResponse(reply.body(), status_code=reply.status, headers=reply.headers)
     err = OpenAIError.of_status(exc.status_code, str(exc.detail))
     return JSONResponse(err.body(), status_code=exc.status_code, headers=headers)
 

@@ -19,12 +19,12 @@ from pathlib import Path
 from typing import Any
 
 from engines import heap
-from engines.classic.repository.layout import model_dirs
+from engines.classic.repository.disk import model_dirs
 from engines.errors import SluiceError
 from engines.launchers.registration import WorkerRecord, deregister, register
 from gateway.app_state import AppState
 from gateway.discovery import K8sDiscovery, parse_discovery
-from gateway.embeddings import EmbeddingBridge
+from gateway.embedding_models import EmbeddingBridge
 from gateway.frontends.channel import Peers
 from gateway.frontends.supervisor import frontend_env, local_llms_refused, mark_ready
 from gateway.http.metrics_port import MetricsServer
@@ -94,7 +94,7 @@ async def _shutdown(state: AppState, discovery: K8sDiscovery | None, grpc_server
         await discovery.stop()
     s = state.settings
     if s.register_with and state.ready:
-        await asyncio.to_thread(deregister, s.register_with, s.worker_name or "")
+        await asyncio.to_thread(deregister, s.register_with, s.worker_name or "", s.admin_key)
     await state.workers.stop()
     await state.router.stop()
     if grpc_server is not None:
@@ -179,9 +179,10 @@ async def _start_grpc(state: AppState) -> Any:
     if state.classic is None or not s.grpc_port:
         return None
     from gateway.kserve.grpc import start_grpc_server
+    from gateway.kserve.grpc_limits import GrpcLimits
 
-    return await start_grpc_server(state.classic, state.llm, s.host, s.grpc_port, s.grpc_limits(), state.security,
-                                   state.peers)
+    return await start_grpc_server(state.classic, state.llm, s.host, s.grpc_port, GrpcLimits.from_settings(s),
+                                   state.security, state.peers)
 
 
 async def _start_metrics_server(state: AppState) -> MetricsServer | None:
@@ -233,4 +234,4 @@ async def _register_self(state: AppState) -> None:
     record = WorkerRecord(name=s.worker_name or f"transformers-{s.http_port}",
                           url=s.advertise_url or f"http://{host}:{s.http_port}",
                           models=tuple(state.llm.registry.names()), engine="transformers")
-    await asyncio.to_thread(register, s.register_with, record)
+    await asyncio.to_thread(register, s.register_with, record, s.admin_key)

@@ -16,6 +16,7 @@ from typing import Any
 
 from engines.base import Delta
 from engines.errors import ErrorKind, SluiceError, invalid
+from gateway.kserve.errors import error_body
 from gateway.kserve.params import parse_params
 from gateway.llm.dispatch import Dispatch
 from gateway.llm.service import GenerateCall, LLMService, Prompt
@@ -92,5 +93,5 @@ async def generate_sse(llm: LLMService, name: str, version: str, body: dict[str,
         finally:
             await stream.aclose()  # client gone or done: stop the engine request
 
-    return relay(events(), error_body=lambda e: {"error": getattr(e, "message", "generation failed")},
+    return relay(events(), error_body=lambda e: error_body(getattr(e, "message", "generation failed")),
                  done=None, ping_s=15.0, on_close=d.close)

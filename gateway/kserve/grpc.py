@@ -26,16 +26,16 @@ import numpy as np
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc
 
-from engines.classic.errors import Code, InferError, invalid
+from engines.classic.errors import InferError, invalid
 from engines.classic.manager import ModelRepositoryManager
 from engines.classic.repository.names import check_model_name
-from engines.errors import SluiceError
-from gateway.frontends import channel as peers
+from engines.classic.request import InferRequest
+from engines.errors import ErrorKind, SluiceError
+from gateway.frontends import channel
 from gateway.frontends.channel import Peers
-from gateway.kserve import generate, views
-from gateway.kserve import infer_grpc as grpc_infer
+from gateway.kserve import generate, infer_grpc, views
 from gateway.kserve.errors import grpc_status
-from gateway.limits import GrpcLimits
+from gateway.kserve.grpc_limits import GrpcLimits
 from gateway.llm.dispatch import Dispatch
 from gateway.llm.service import LLMService
 from gateway.security.access import current_key_id
@@ -57,6 +57,7 @@ class KServeServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: ig
         self.m = manager
         self.peers = peers  # sibling frontends of `--frontends N`, asked for statistics
         self.llm = llm_service
+        self.llms = llm_service.registry  # what the views read of the LLM path
         self.limits = limits or GrpcLimits()
         self.quotas = quotas
 
@@ -67,7 +68,7 @@ class KServeServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: ig
             await _abort(context, exc)
         except Exception as exc:
             log.exception("KServe gRPC handler failed")
-            await _abort(context, InferError(f"internal error: {type(exc).__name__}", Code.INTERNAL))
+            await _abort(context, InferError(f"internal error: {type(exc).__name__}", ErrorKind.INTERNAL))
 
     async def ServerLive(self, request: pb.ServerLiveRequest, context: Any) -> pb.ServerLiveResponse:
         return pb.ServerLiveResponse(live=True)
@@ -77,7 +78,7 @@ class KServeServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: ig
 
     async def ModelReady(self, request: pb.ModelReadyRequest, context: Any) -> pb.ModelReadyResponse:
         async def run() -> pb.ModelReadyResponse:
-            return pb.ModelReadyResponse(ready=views.model_ready(self.m, self.llm, request.name, request.version))
+            return pb.ModelReadyResponse(ready=views.model_ready(self.m, self.llms, request.name, request.version))
         return await self._guard(context, run)
 
     async def ServerMetadata(self, request: Any, context: Any) -> pb.ServerMetadataResponse:
@@ -85,23 +86,23 @@ class KServeServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: ig
 
     async def ModelMetadata(self, request: pb.ModelMetadataRequest, context: Any) -> pb.ModelMetadataResponse:
         async def run() -> pb.ModelMetadataResponse:
-            return views.model_metadata(self.m, self.llm, request.name, request.version)
+            return views.model_metadata(self.m, self.llms, request.name, request.version)
         return await self._guard(context, run)
 
     async def ModelConfig(self, request: pb.ModelConfigRequest, context: Any) -> pb.ModelConfigResponse:
         async def run() -> pb.ModelConfigResponse:
-            return pb.ModelConfigResponse(config=views.model_config(self.m, self.llm, request.name, request.version))
+            return pb.ModelConfigResponse(config=views.model_config(self.m, self.llms, request.name, request.version))
         return await self._guard(context, run)
 
     async def ModelStatistics(self, request: pb.ModelStatisticsRequest, context: Any) -> Any:
         async def run() -> pb.ModelStatisticsResponse:
-            snaps = await peers.statistics(self.m, self.peers, request.name, request.version)
+            snaps = await channel.statistics(self.m, self.peers, request.name, request.version)
             return views.statistics_response(snaps)
         return await self._guard(context, run)
 
     async def RepositoryIndex(self, request: pb.RepositoryIndexRequest, context: Any) -> Any:
         async def run() -> pb.RepositoryIndexResponse:
-            rows = views.repository_index(self.m, self.llm, request.ready)
+            rows = views.repository_index(self.m, self.llms, request.ready)
             return pb.RepositoryIndexResponse(models=[pb.RepositoryIndexResponse.ModelIndex(**r) for r in rows])
         return await self._guard(context, run)
 
@@ -131,24 +132,28 @@ class KServeServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: ig
         return await self._guard(context, self._infer, request)
 
     async def _infer(self, request: pb.ModelInferRequest) -> pb.ModelInferResponse:
-        if views.is_llm(self.m, self.llm, check_model_name(request.model_name)):
+        if views.is_llm(self.m, self.llms, check_model_name(request.model_name)):
             return await self._llm_text(request)
-        params = {k: grpc_infer.param_value(v) for k, v in request.parameters.items()}
+        return await self._classic_infer(request)
+
+    async def _classic_infer(self, request: pb.ModelInferRequest) -> pb.ModelInferResponse:
+        params = {k: infer_grpc.param_value(v) for k, v in request.parameters.items()}
         priority = views.int_param(params, "priority")
         timeout_us = views.int_param(params, "timeout")
         extra = {k: v for k, v in params.items() if k not in ("priority", "timeout")}
-        inputs = grpc_infer.decode_inputs(request, self.m.limits.max_tensor_elements)
-        model = self.m.get_version(request.model_name, request.model_version or None)
-        outputs = await self.m.infer(request.model_name, model.version, inputs, grpc_infer.requested_outputs(request),
-                                     priority, timeout_us, extra, request.id)
-        return grpc_infer.encode_response(request.model_name, model.version, request.id, outputs)
+        inputs = infer_grpc.decode_inputs(request, self.m.limits.max_tensor_elements)
+        model = self.m.get_version(request.model_name, request.model_version or None)  # the one lookup
+        outputs = await model.infer(InferRequest(request.model_name, model.version, inputs,
+                                                 infer_grpc.requested_outputs(request), priority=priority,
+                                                 timeout_us=timeout_us, request_id=request.id, parameters=extra))
+        return infer_grpc.encode_response(request.model_name, model.version, request.id, outputs)
 
     async def _llm_start(self, request: pb.ModelInferRequest) -> Dispatch:
-        inputs = grpc_infer.decode_inputs(request, self.m.limits.max_tensor_elements)
+        inputs = infer_grpc.decode_inputs(request, self.m.limits.max_tensor_elements)
         prompt = inputs.get("text_input")
         if prompt is None or prompt.size != 1:
             raise invalid("LLM models take one BYTES 'text_input'")
-        params = {k: grpc_infer.param_value(v) for k, v in request.parameters.items()}
+        params = {k: infer_grpc.param_value(v) for k, v in request.parameters.items()}
         text = prompt.reshape(-1)[0].decode("utf-8", errors="replace")
         return await generate.start(self.llm, request.model_name, text, params, current_key_id.get())
 
@@ -161,7 +166,7 @@ class KServeServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: ig
         return self._text_response(request, "".join(text))
 
     def _text_response(self, request: pb.ModelInferRequest, text: str, final: bool = True) -> pb.ModelInferResponse:
-        response = grpc_infer.encode_response(request.model_name, request.model_version or "1", request.id,
+        response = infer_grpc.encode_response(request.model_name, request.model_version or "1", request.id,
                                               {"text_output": np.array([text.encode()], dtype=np.object_)})
         response.parameters["triton_final_response"].bool_param = final
         return response
@@ -211,10 +216,10 @@ class KServeServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: ig
             if self.quotas is not None and key_id is not None:
                 lease = await self.quotas.admit(key_id, hold=False)  # the stream holds the slot
                 self.quotas.finish(lease)
-            if views.is_llm(self.m, self.llm, check_model_name(request.model_name)):
+            if views.is_llm(self.m, self.llms, check_model_name(request.model_name)):
                 await self._stream_llm(request, queue)
             else:
-                await queue.put(pb.ModelStreamInferResponse(infer_response=await self._infer(request)))
+                await queue.put(pb.ModelStreamInferResponse(infer_response=await self._classic_infer(request)))
         except SluiceError as exc:
             await queue.put(pb.ModelStreamInferResponse(error_message=exc.message,
                                                         infer_response=pb.ModelInferResponse(id=request.id)))

@@ -1,4 +1,7 @@
-"""KServe v2 over HTTP as a FastAPI APIRouter: health, metadata, config, stats, infer, repository, generate.
+"""KServe v2 over HTTP as a FastAPI APIRouter: health, metadata, config, stats, repository, generate.
+
+Infer, the hottest route, is not here: it is the pure-ASGI layer in `infer_http.py`, in front of
+this router (its OpenAPI operations are written by `gateway/routes/openapi.py`).
 
 Errors are Triton's `{"error": "..."}` with Triton's status mapping (400 bad
 input, 404 unknown model/version, 503 unavailable / queue full / timeout, 500
@@ -17,24 +20,24 @@ from typing import Any
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response
 
-from engines.classic.errors import Code, InferError, invalid
+from engines.classic.errors import InferError, invalid
 from engines.classic.manager import ModelRepositoryManager
 from engines.classic.repository.names import check_model_name
-from engines.errors import SluiceError
+from engines.errors import ErrorKind, SluiceError
 from gateway.app_state import state_of
-from gateway.frontends import channel as peers
+from gateway.frontends import channel
 from gateway.kserve import generate, views
-from gateway.kserve.errors import http_status, retry_headers
-from gateway.kserve.http_codec import decode_request, encode_response
+from gateway.kserve.errors import ErrorReply
+from gateway.kserve.views import LLMModels
 from gateway.llm.service import LLMService
 from gateway.security.access import key_id_of, require_admin
 
 log = logging.getLogger("sluice.kserve.http")
-HEADER_LENGTH = "Inference-Header-Content-Length"
 
 
 def error_response(exc: SluiceError) -> JSONResponse:
-    return JSONResponse({"error": exc.message}, status_code=http_status(exc), headers=retry_headers(exc))
+    reply = ErrorReply.of(exc)
+    return JSONResponse(reply.body(), status_code=reply.status, headers=reply.headers)
 
 
 async def guarded(call: Callable[[], Awaitable[Response] | Response]) -> Response:
@@ -46,16 +49,11 @@ async def guarded(call: Callable[[], Awaitable[Response] | Response]) -> Respons
         return error_response(exc)
     except Exception as exc:  # never let one request take the server down
         log.exception("KServe HTTP handler failed")
-        return error_response(InferError(f"internal error: {type(exc).__name__}", Code.INTERNAL))
-
-
-async def read_body(request: Request) -> bytes:
-    """The request body; the middleware already bounded it and inflated gzip/deflate."""
-    return await request.body()
+        return error_response(InferError(f"internal error: {type(exc).__name__}", ErrorKind.INTERNAL))
 
 
 async def read_json(request: Request) -> dict[str, Any]:
-    body = await read_body(request)
+    body = await request.body()  # the middleware already bounded it and inflated gzip/deflate
     if not body.strip():
         return {}
     try:
@@ -68,7 +66,7 @@ async def read_json(request: Request) -> dict[str, Any]:
 
 
 async def _stats(m: ModelRepositoryManager, request: Request, name: str, version: str) -> Response:
-    snaps = await peers.statistics(m, state_of(request).peers, name, version)
+    snaps = await channel.statistics(m, state_of(request).peers, name, version)
     return _json(views.to_dict(views.statistics_response(snaps)))
 
 
@@ -77,7 +75,7 @@ def build_router(manager: ModelRepositoryManager, llm: LLMService) -> APIRouter:
     _server_routes(router, manager)
     for prefix in ("/v2/models/{name}", "/v2/models/{name}/versions/{version}"):
         _model_routes(router, prefix, manager, llm)
-    _repository_routes(router, manager, llm)
+    _repository_routes(router, manager, llm.registry)
     return router
 
 
@@ -99,14 +97,14 @@ def _server_routes(router: APIRouter, m: ModelRepositoryManager) -> None:
         return await guarded(lambda: _stats(m, request, "", ""))
 
 
-def _repository_routes(router: APIRouter, m: ModelRepositoryManager, llm: LLMService) -> None:
+def _repository_routes(router: APIRouter, m: ModelRepositoryManager, llms: LLMModels) -> None:
     @router.post("/v2/repository/index")
     async def index(request: Request) -> Response:
         async def run() -> Response:
             ready = (await read_json(request)).get("ready", False)
             if not isinstance(ready, bool):  # bool("false") is True
                 raise invalid("'ready' must be a boolean")
-            return _json(views.repository_index(m, llm, ready))
+            return _json(views.repository_index(m, llms, ready))
         return await guarded(run)
 
     # Admin only: the access middleware authenticates the admin key; the dependency fails closed.
@@ -144,38 +142,22 @@ def _json(data: Any, status: int = 200) -> Response:
 
 
 def _model_routes(router: APIRouter, prefix: str, m: ModelRepositoryManager, llm: LLMService) -> None:
+    llms = llm.registry
     @router.get(prefix)
     async def metadata(name: str, version: str = "") -> Response:
-        return await guarded(lambda: _json(views.to_dict(views.model_metadata(m, llm, name, version))))
+        return await guarded(lambda: _json(views.to_dict(views.model_metadata(m, llms, name, version))))
 
     @router.get(prefix + "/ready")
     async def model_ready(name: str, version: str = "") -> Response:
-        return await guarded(lambda: Response(status_code=200 if views.model_ready(m, llm, name, version) else 400))
+        return await guarded(lambda: Response(status_code=200 if views.model_ready(m, llms, name, version) else 400))
 
     @router.get(prefix + "/config")
     async def config(name: str, version: str = "") -> Response:
-        return await guarded(lambda: _json(views.to_dict(views.model_config(m, llm, name, version))))
+        return await guarded(lambda: _json(views.to_dict(views.model_config(m, llms, name, version))))
 
     @router.get(prefix + "/stats")
     async def stats(name: str, request: Request, version: str = "") -> Response:
         return await guarded(lambda: _stats(m, request, name, version))
-
-    @router.post(prefix + "/infer")
-    async def infer(name: str, request: Request, version: str = "") -> Response:
-        async def run() -> Response:
-            if views.is_llm(m, llm, check_model_name(name)):
-                raise invalid(f"model '{name}' is an LLM; use /v2/models/{name}/generate")
-            body = await read_body(request)
-            req = decode_request(body, request.headers.get(HEADER_LENGTH), m.limits.max_tensor_elements)
-            model = m.get_version(name, version or None)
-            outputs = await m.infer(name, model.version, req.inputs, req.outputs, req.priority, req.timeout_us,
-                                    req.parameters, req.request_id)
-            payload, header_len = encode_response(name, model.version, req, outputs)
-            if header_len is None:
-                return Response(payload, media_type="application/json")
-            return Response(payload, media_type="application/octet-stream",
-                            headers={HEADER_LENGTH: str(header_len)})
-        return await guarded(run)
 
     @router.post(prefix + "/generate")
     async def gen(name: str, request: Request, version: str = "") -> Response:

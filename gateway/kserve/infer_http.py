@@ -3,36 +3,34 @@
 The hottest classic route skips FastAPI's router (which matched every OpenAI and KServe route
 in turn, then built a Request and solved dependencies: most of a request's CPU). It sits
 inside every middleware (request id, in-flight bound, access log, drain, CORS, access control,
-body limits), so each of their guarantees holds unchanged; any other path, method or scope goes
-on to the app. Answers are the same as the FastAPI route's (`http.py`), bytes for bytes:
-the same decode/encode (`http_infer.py`), Triton's error JSON and status mapping,
-`Retry-After` on 429/503.
+body limits), so each of their guarantees holds unchanged; any other path or scope goes on to
+the app. It is the only infer route: it answers what FastAPI's router would for a route of its
+own (405 with `Allow: POST` for another method, a redirect for a trailing slash), Triton's error
+JSON and status mapping (`errors.ErrorReply`), `Retry-After` on 429/503. Its OpenAPI operations
+are written by `gateway/routes/openapi.py`.
 """
 
 from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
 
-import orjson
+from starlette.datastructures import URL
+from starlette.responses import RedirectResponse
+from starlette.types import ASGIApp, Receive, Scope, Send
 
-from engines.classic.errors import Code, InferError, invalid
+from engines.classic.errors import InferError, invalid
 from engines.classic.manager import ModelRepositoryManager
 from engines.classic.repository.names import check_model_name
-from engines.errors import SluiceError
+from engines.classic.request import InferRequest
+from engines.errors import ErrorKind, SluiceError
 from gateway.kserve import views
-from gateway.kserve.errors import http_status, retry_headers
+from gateway.kserve.errors import ErrorReply
 from gateway.kserve.http_codec import decode_request, encode_response
+from gateway.kserve.views import LLMModels
 
 log = logging.getLogger("sluice.kserve.http")
-Scope = dict[str, Any]
-Message = dict[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
-ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 _INFER = re.compile(r"/v2/models/([^/]+)(?:/versions/([^/]+))?/infer")
 _HEADER_LENGTH = b"inference-header-content-length"
@@ -49,25 +47,37 @@ _ROUTES = (RouteTemplate("/v2/models/{name}/infer"), RouteTemplate("/v2/models/{
 
 
 class KServeInferRoute:
-    def __init__(self, app: ASGIApp, manager: ModelRepositoryManager, llm: Any) -> None:
+    """Answers every request on the infer paths; anything else goes on to `app`."""
+
+    def __init__(self, app: ASGIApp, manager: ModelRepositoryManager, llms: LLMModels) -> None:
         self.app = app
         self.manager = manager
-        self.llm = llm
+        self.llms = llms
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        match = _INFER.fullmatch(scope["path"]) if scope["type"] == "http" else None
-        if match is None or scope.get("method") != "POST":
+        path = scope["path"] if scope["type"] == "http" else ""
+        match = _INFER.fullmatch(path)
+        if match is None:
+            if path.endswith("/") and _INFER.fullmatch(path.rstrip("/")):
+                # As FastAPI's router answers a trailing slash on any of its routes.
+                redirect = RedirectResponse(str(URL(scope={**scope, "path": path.rstrip("/")})))
+                await redirect(scope, receive, send)
+                return
             await self.app(scope, receive, send)
             return
         name, version = match.group(1), match.group(2)
         scope["route"] = _ROUTES[version is not None]
-        try:
-            status, headers, body = await self._infer(scope, receive, name, version or "")
-        except SluiceError as exc:
-            status, headers, body = _error(exc)
-        except Exception as exc:  # never let one request take the server down
-            log.exception("KServe HTTP handler failed")
-            status, headers, body = _error(InferError(f"internal error: {type(exc).__name__}", Code.INTERNAL))
+        if scope.get("method") != "POST":  # as FastAPI's router answers a route's other methods
+            status, headers, body = _reply(ErrorReply(405, "Method Not Allowed", {"Allow": "POST"}))
+        else:
+            try:
+                status, headers, body = await self._infer(scope, receive, name, version or "")
+            except SluiceError as exc:
+                status, headers, body = _reply(ErrorReply.of(exc))
+            except Exception as exc:  # never let one request take the server down
+                log.exception("KServe HTTP handler failed")
+                error = InferError(f"internal error: {type(exc).__name__}", ErrorKind.INTERNAL)
+                status, headers, body = _reply(ErrorReply.of(error))
         headers.append((b"content-length", str(len(body)).encode()))
         await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": body})
@@ -75,7 +85,7 @@ class KServeInferRoute:
     async def _infer(self, scope: Scope, receive: Receive, name: str, version: str
                      ) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
         m = self.manager
-        if views.is_llm(m, self.llm, check_model_name(name)):
+        if views.is_llm(m, self.llms, check_model_name(name)):
             raise invalid(f"model '{name}' is an LLM; use /v2/models/{name}/generate")
         body = await _read(receive)
         header_length = None
@@ -84,9 +94,10 @@ class KServeInferRoute:
                 header_length = value.decode("latin-1")
                 break
         req = decode_request(body, header_length, m.limits.max_tensor_elements)
-        model = m.get_version(name, version or None)
-        outputs = await m.infer(name, model.version, req.inputs, req.outputs, req.priority, req.timeout_us,
-                                req.parameters, req.request_id)
+        model = m.get_version(name, version or None)  # the one lookup: it also names the answer's version
+        outputs = await model.infer(InferRequest(name, model.version, req.inputs, req.outputs, priority=req.priority,
+                                                 timeout_us=req.timeout_us, request_id=req.request_id,
+                                                 parameters=req.parameters))
         payload, json_length = encode_response(name, model.version, req, outputs)
         if json_length is None:
             return 200, [(b"content-type", b"application/json")], payload
@@ -107,7 +118,5 @@ async def _read(receive: Receive) -> bytes:
     return parts[0] if len(parts) == 1 else b"".join(parts)
 
 
-def _error(exc: SluiceError) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
-    headers = [(b"content-type", b"application/json")]
-    headers += [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in retry_headers(exc).items()]
-    return http_status(exc), headers, orjson.dumps({"error": exc.message})
+def _reply(reply: ErrorReply) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
+    return reply.status, reply.raw_headers(), reply.body_bytes()

@@ -15,7 +15,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, Protocol
 
 from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily, UntypedMetricFamily
 from prometheus_client.registry import Collector, CollectorRegistry
@@ -52,12 +52,19 @@ _PHASE_HELP = {
 _LE = [floatToGoString(b) for b in PHASE_BUCKETS_S] + ["+Inf"]  # type: ignore[no-untyped-call]
 
 
+class StatisticsSource(Protocol):
+    """What the collector reads (`engines.classic.manager.ModelRepositoryManager`)."""
+
+    def statistics(self) -> list[StatsSnapshot]:
+        """A snapshot of every ready model version's statistics; called at each scrape."""
+
+
 class TritonMetricsCollector(Collector):
-    def __init__(self, manager: Any) -> None:
+    def __init__(self, manager: StatisticsSource) -> None:
         self._manager = manager
 
     def collect(self) -> Iterator[Any]:
-        snapshots: list[StatsSnapshot] = self._manager.statistics()
+        snapshots = self._manager.statistics()
         for name, doc, value in _COUNTERS:
             # Triton's counter names have no _total suffix; prometheus_client renames counter families to
             # *_total, which would break Triton dashboards. Untyped keeps the exact names; rate() still works.
@@ -98,7 +105,7 @@ def _phase_histograms(snapshots: list[StatsSnapshot]) -> Iterator[HistogramMetri
         yield family
 
 
-def register(registry: CollectorRegistry, manager: Any) -> TritonMetricsCollector:
+def register(registry: CollectorRegistry, manager: StatisticsSource) -> TritonMetricsCollector:
     collector = TritonMetricsCollector(manager)
     registry.register(collector)
     return collector

@@ -1,4 +1,4 @@
-"""POST /v1/embeddings, served by the classic repository's embedding models (see `gateway.embeddings`)."""
+"""POST /v1/embeddings, served by the classic repository's embedding models (see `gateway.embedding_models`)."""
 
 from __future__ import annotations
 

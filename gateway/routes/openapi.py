@@ -3,13 +3,16 @@
 FastAPI derives request schemas from the OpenAI routes' pydantic models and nothing else: it
 documents a 422 that no route answers (validation errors are 400s in the route's protocol), a
 bare `{}` for every response, and no body at all for the KServe routes, which read their bodies
-themselves. This module adds the error responses of each protocol, the response bodies, and the
-KServe v2 request bodies, so that clients and schema-driven fuzzers (`tests/fuzz`) see the
-real contract. Only the document changes; no route's behaviour does.
+themselves; nor does it know KServe infer, a pure-ASGI route outside its router
+(`gateway/kserve/infer_http.py`). This module adds the infer operations, the error responses of
+each protocol, the response bodies, and the KServe v2 request bodies, so that clients and
+schema-driven fuzzers (`tests/fuzz`) see the real contract. Only the document changes; no
+route's behaviour does.
 """
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from fastapi import FastAPI
@@ -179,15 +182,38 @@ def _bound(properties: dict[str, Schema]) -> None:
             branch.update(by_type.get(branch.get("type", ""), {}))
 
 
-def _model_suffix(path: str) -> str | None:
+def _model_prefix(path: str) -> str | None:
     for prefix in ("/v2/models/{name}/versions/{version}", "/v2/models/{name}"):
         if path.startswith(prefix):
-            return path[len(prefix):]
+            return prefix
     return None
+
+
+def _model_suffix(path: str) -> str | None:
+    prefix = _model_prefix(path)
+    return None if prefix is None else path[len(prefix):]
+
+
+def _with_infer(paths: dict[str, Any]) -> dict[str, Any]:
+    """`paths` plus the infer operations, each after its model's /stats (where the others of the model are)."""
+    out: dict[str, Any] = {}
+    for path, item in paths.items():
+        out[path] = item
+        prefix = _model_prefix(path)
+        if prefix is not None and path == prefix + "/stats":
+            infer = prefix + "/infer"
+            parameters = [{"name": p, "in": "path", "required": True, "schema": {"type": "string", "title": p.title()}}
+                          for p in re.findall(r"{(\w+)}", infer)]
+            # The summary and operation id FastAPI would give a route named `infer`.
+            out[infer] = {"post": {"summary": "Infer", "operationId": "infer" + re.sub(r"\W", "_", infer) + "_post",
+                                   "parameters": parameters}}
+    return out
 
 
 def document(schema: dict[str, Any]) -> dict[str, Any]:
     """Complete FastAPI's document in place (and return it)."""
+    if "paths" in schema:
+        schema["paths"] = _with_infer(schema["paths"])
     components = schema.setdefault("components", {}).setdefault("schemas", {})
     components.update(COMPONENTS)
     components["GenerateParams"] = GenerateParams.model_json_schema(ref_template="#/components/schemas/{model}")

@@ -27,8 +27,8 @@ from typing import Any
 
 from engines.errors import ErrorKind, SluiceError
 from gateway.security.keys import Limits
-from gateway.security.limits import LocalQuotas, Refusal
 from gateway.security.metrics import SecurityMetrics
+from gateway.security.quota_buckets import LocalQuotas, Refusal
 from gateway.security.redis_store import STORE_ERRORS, RedisQuotaStore
 
 log = logging.getLogger("sluice.quotas")

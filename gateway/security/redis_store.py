@@ -25,7 +25,7 @@ from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 
 from gateway.security.keys import Limits
-from gateway.security.limits import WINDOW_S, Refusal
+from gateway.security.quota_buckets import WINDOW_S, Refusal
 
 STORE_ERRORS = (RedisError, OSError, asyncio.TimeoutError)
 _WINDOW_US = int(WINDOW_S * 1_000_000)

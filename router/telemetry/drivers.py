@@ -23,7 +23,7 @@ from typing import Protocol
 
 import httpx
 
-from engines.supervision import Backoff, supervise
+from engines.supervision import BackgroundTask, Backoff
 from router.config import RouterConfig, WorkerInfo
 from router.index.events import EventBatch, KVEvent
 from router.index.transports import TrtllmEventPoller, TrtllmItem, ZmqEventSubscriber
@@ -77,8 +77,8 @@ class Drivers:
         self._config = config
         self._feed = feed
         self._client = httpx.AsyncClient()
-        self._tasks: dict[str, list[asyncio.Task[None]]] = {}
-        self._maintenance: asyncio.Task[None] | None = None
+        self._tasks: dict[str, list[BackgroundTask]] = {}
+        self._maintenance: BackgroundTask | None = None
         self._subscribers: dict[str, ZmqEventSubscriber | TrtllmEventPoller] = {}
 
     def start(self) -> None:
@@ -97,11 +97,12 @@ class Drivers:
             tasks.append(self._spawn("kv-events", name, lambda: self._kv_events(info)))
         self._tasks[name] = tasks
 
-    def _spawn(self, task: str, worker: str, run: Callable[[], Awaitable[None]]) -> asyncio.Task[None]:
+    def _spawn(self, task: str, worker: str, run: Callable[[], Awaitable[None]]) -> BackgroundTask:
         label = f"{task}-{worker}" if worker else f"router-{task}"
-        return asyncio.create_task(
-            supervise(label, run, backoff=_RESTART_BACKOFF,
-                      on_restart=lambda _: self._feed.record_task_restart(task, worker)), name=label)
+        spawned = BackgroundTask(label, run, backoff=_RESTART_BACKOFF,
+                                 on_restart=lambda: self._feed.record_task_restart(task, worker))
+        spawned.start()
+        return spawned
 
     async def _kv_events(self, info: WorkerInfo) -> None:
         """Run the worker's subscriber; after a failure closed its socket, a fresh one is made."""
@@ -147,9 +148,7 @@ class Drivers:
         tasks = [t for ts in self._tasks.values() for t in ts]
         if self._maintenance is not None:
             tasks.append(self._maintenance)
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await asyncio.gather(*(t.stop() for t in tasks))
         for sub in self._subscribers.values():
             if isinstance(sub, ZmqEventSubscriber):
                 sub.close()

@@ -12,7 +12,7 @@ import asyncio
 
 import pytest
 
-from engines.supervision import Backoff, supervise
+from engines.supervision import QUICK_BACKOFF, BackgroundTask, Backoff, Restarts
 from engines.transformers.supervisor import EngineSupervisor
 
 
@@ -35,6 +35,21 @@ def test_backoff_doubles_up_to_its_bound() -> None:
         Backoff(initial_s=2.0, max_s=1.0)
 
 
+def test_a_quick_backoff_restarts_at_once_then_grows_tenfold() -> None:
+    assert [QUICK_BACKOFF.delay_s(n) for n in range(1, 6)] == [0.0, 0.01, 0.1, 1.0, 1.0]
+
+
+def test_restarts_count_in_a_row_until_a_run_lasted_long_enough() -> None:
+    r = Restarts(Backoff(initial_s=1.0, max_s=8.0, reset_after_s=10.0))
+    r.started(0.0)
+    assert [r.failed(1.0), r.failed(1.5)] == [1.0, 2.0]  # the failed attempt counts too
+    r.restarted(2.0)
+    assert r.failed(3.0) == 4.0  # a crash soon after the restart continues the count
+    r.restarted(4.0)
+    assert r.failed(14.0) == 1.0 and r.in_a_row == 1  # ten healthy seconds start it over
+    assert r.total == 2
+
+
 async def test_a_failing_loop_is_logged_counted_and_restarted_with_growing_delays(caplog) -> None:
     runs: list[int] = []
     restarted: list[str] = []
@@ -49,19 +64,42 @@ async def test_a_failing_loop_is_logged_counted_and_restarted_with_growing_delay
             return  # a loop that ends on its own is a failure too
         await forever.wait()
 
-    task = asyncio.create_task(supervise("health-w0", loop, backoff=Backoff(initial_s=1.0, max_s=3.0),
-                                         on_restart=restarted.append, sleep=sleeps))
+    task = BackgroundTask("health-w0", loop, backoff=Backoff(initial_s=1.0, max_s=3.0),
+                          on_restart=lambda: restarted.append("health-w0"), sleep=sleeps)
+    task.start()
     for _ in range(100):
         if len(runs) == 4:
             break
         await asyncio.sleep(0)
     assert len(runs) == 4
-    assert restarted == ["health-w0"] * 3
+    assert restarted == ["health-w0"] * 3 and task.restarts.total == 3
     assert sleeps.delays == [1.0, 2.0, 3.0]
     assert "boom 1" in caplog.text and "health-w0 returned" in caplog.text
-    task.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await task
+    await task.stop()
+    assert len(runs) == 4  # stopped: not restarted again
+
+
+async def test_a_crash_is_cleaned_up_before_the_restart_even_if_the_clean_up_raises(caplog) -> None:
+    crashes: list[str] = []
+    runs: list[int] = []
+    forever = asyncio.Event()
+
+    def on_crash(exc: Exception) -> None:
+        crashes.append(str(exc))
+        raise ValueError("the clean-up itself failed")
+
+    async def loop() -> None:
+        runs.append(len(runs))
+        if len(runs) == 1:
+            raise RuntimeError("boom")
+        await forever.wait()
+
+    task = BackgroundTask("scheduler", loop, backoff=QUICK_BACKOFF, on_crash=on_crash, sleep=Sleeps())
+    task.start()
+    await _until(lambda: len(runs) == 2, "restarted")
+    assert crashes == ["boom"] and task.restarts.total == 1
+    assert "cleaning up after background task scheduler failed" in caplog.text
+    await task.stop()
 
 
 class EngineStandIn:

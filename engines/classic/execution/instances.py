@@ -28,10 +28,11 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
-from engines.classic.errors import Code, ConfigError, InferError
+from engines.classic.errors import ConfigError, InferError
 from engines.classic.execution.backends.base import Backend, ComputeTimes
 from engines.classic.execution.inline import InlineGate
 from engines.classic.execution.threads import Worker, describe
+from engines.errors import ErrorKind
 
 if TYPE_CHECKING:
     from engines.classic.request import InferRequest
@@ -59,11 +60,11 @@ def _execute(instance: Backend, requests: list[InferRequest]) -> Outcome:
     try:
         results: list[Result] = list(instance.execute(requests))
     except BaseException as exc:  # model code: even SystemExit fails the batch, not the server
-        return Outcome([InferError(f"model '{model}' failed: {describe(exc)}", Code.INTERNAL)] * len(requests),
+        return Outcome([InferError(f"model '{model}' failed: {describe(exc)}", ErrorKind.INTERNAL)] * len(requests),
                        ComputeTimes())
     if len(results) != len(requests):  # a request without its result would wait forever
         results = [InferError(f"model '{model}' returned {len(results)} results for {len(requests)} requests",
-                              Code.INTERNAL)] * len(requests)
+                              ErrorKind.INTERNAL)] * len(requests)
     return Outcome(results, instance.timings)
 
 
@@ -136,7 +137,7 @@ class InstancePool:
             if exc is None:
                 slot.gate.observe(f.result().timings.total_ns, rows, inline=False)
             on_done(f.result() if exc is None else Outcome(
-                [InferError(f"model '{self._name}' failed: {describe(exc)}", Code.INTERNAL)] * len(requests),
+                [InferError(f"model '{self._name}' failed: {describe(exc)}", ErrorKind.INTERNAL)] * len(requests),
                 ComputeTimes()))
 
         def expired() -> None:
@@ -147,7 +148,7 @@ class InstancePool:
             replaced = self._abandon(slot, future)
             message = (f"model '{self._name}' execute() exceeded its time limit of {self._limit_s:g} s; "
                        + ("the instance is being replaced" if replaced else self.reason))
-            on_done(Outcome([InferError(message, Code.UNAVAILABLE)] * len(requests), ComputeTimes()))
+            on_done(Outcome([InferError(message, ErrorKind.UNAVAILABLE)] * len(requests), ComputeTimes()))
 
         future.add_done_callback(returned)
         if limit is not None:

@@ -12,10 +12,11 @@ from typing import Any
 
 import numpy as np
 
-from engines.classic.errors import Code, ConfigError, InferError
+from engines.classic.errors import ConfigError, InferError
 from engines.classic.proto import EnsembleStep, ModelConfig
 from engines.classic.repository.names import check_model_name
 from engines.classic.request import InferRequest
+from engines.errors import ErrorKind
 
 
 def validate_ensemble(config: ModelConfig, source: str) -> None:
@@ -66,7 +67,7 @@ class EnsembleRunner:
             ready = [s for s in pending if all(t in tensors for t in s.input_map.values())]
             if not ready:
                 raise InferError(f"ensemble '{self.config.name}' cannot make progress: missing tensors",
-                                 Code.INTERNAL)
+                                 ErrorKind.INTERNAL)
             results = await asyncio.gather(*(self._step(s, tensors, request) for s in ready))
             for step, produced in zip(ready, results, strict=True):
                 tensors.update(produced)

@@ -8,8 +8,8 @@ futures, the queue and the instances:
   the result; cancelling the awaiting task drops the request if not yet running.
 - One driver task wakes on new work, on a freed instance, at the batcher's
   delay deadline and at the earliest queue timeout, so timed-out requests are
-  rejected even while every instance is busy. It runs under `tasks.supervise`:
-  if it dies, the requests it held fail with INTERNAL and it restarts.
+  rejected even while every instance is busy. It is an `engines.supervision.BackgroundTask`:
+  if it dies, the requests it held fail with INTERNAL and it restarts (counted in `restarts`).
 - Each batch runs on its instance's own thread (or on the loop, when the instance's gate
   finds it cheaper than the hop: engines/classic/execution/inline.py) and resolves every one of its
   requests, whatever the backend does.
@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from engines.classic.errors import Code, InferError, unavailable
+from engines.classic.errors import InferError, unavailable
 from engines.classic.execution.instances import InstancePool, Outcome, Result, Slot
 from engines.classic.execution.threads import describe
 from engines.classic.proto import ModelConfig
@@ -36,7 +36,8 @@ from engines.classic.request import InferRequest
 from engines.classic.scheduling.batching import BatcherConfig, BatchQueue, QueueFull
 from engines.classic.scheduling.timer import WakeHandle, wake_at
 from engines.classic.stats import BACKEND, CANCELED, OTHER, REJECTED, ModelStats
-from engines.classic.tasks import supervise
+from engines.errors import ErrorKind
+from engines.supervision import QUICK_BACKOFF, BackgroundTask
 
 # The driver re-checks its queue at least this often, whatever deadline a request carries.
 _MAX_WAIT_NS = 60 * 1_000_000_000
@@ -63,17 +64,22 @@ class Scheduler:
         self._woken = False  # work arrived since the driver last looked
         self._cancelled = False  # a queued request's client went away: drop it on the next pass
         pool.on_change = self._wake
-        self._driver: asyncio.Task[None] | None = None
+        self._driver = BackgroundTask(f"scheduler of model '{self._name}'", self._drive, backoff=QUICK_BACKOFF,
+                                      on_crash=self._crashed)
         self._batches: set[asyncio.Future[None]] = set()
         self._closed = False
 
     def start(self) -> None:
-        run = supervise(f"scheduler of model '{self._name}'", self._drive, self._crashed)
-        self._driver = asyncio.get_running_loop().create_task(run, name=f"sluice-scheduler-{self._name}")
+        self._driver.start()
 
     @property
     def queued(self) -> int:
         return len(self._queue)
+
+    @property
+    def restarts(self) -> int:
+        """Times the driver died and was restarted."""
+        return self._driver.restarts.total
 
     async def submit(self, request: InferRequest) -> dict[str, np.ndarray]:
         """Run one validated request; raises InferError (OVERLOADED for a full queue, UNAVAILABLE...)."""
@@ -90,7 +96,7 @@ class Scheduler:
                              request.timeout_us, now_ns)
         except QueueFull as exc:
             self._stats.request_done(False, time.monotonic_ns() - now_ns, reason=REJECTED)
-            raise InferError(str(exc), Code.OVERLOADED) from None
+            raise InferError(str(exc), ErrorKind.OVERLOADED) from None
         self._wake()
         try:
             return await future
@@ -146,10 +152,10 @@ class Scheduler:
             if timer is not None:
                 timer.cancel()
 
-    def _crashed(self, exc: BaseException) -> None:
+    def _crashed(self, exc: Exception) -> None:
         """The driver died: what it held may be what killed it, so fail it rather than retry it."""
         self._fail_queued(InferError(f"model '{self._name}': the scheduler failed ({describe(exc)}) and was "
-                                     "restarted; the request was dropped", Code.INTERNAL), OTHER)
+                                     "restarted; the request was dropped", ErrorKind.INTERNAL), OTHER)
 
     def _fail_queued(self, error: InferError, reason: str) -> None:
         for entry in self._queue.remove(lambda e: True):
@@ -175,7 +181,7 @@ class Scheduler:
         finally:  # whatever broke above, no request of this batch is left waiting
             for pending in items:
                 if not pending.future.done():
-                    self._finish(pending, InferError(f"model '{self._name}': the batch was lost", Code.INTERNAL),
+                    self._finish(pending, InferError(f"model '{self._name}': the batch was lost", ErrorKind.INTERNAL),
                                  None)
             if not done.done():
                 done.set_result(None)
@@ -196,9 +202,7 @@ class Scheduler:
     async def close(self) -> None:
         """Reject queued requests, let running batches finish (within `_CLOSE_GRACE_S`), release instances."""
         self._closed = True
-        if self._driver is not None:
-            self._driver.cancel()
-            await asyncio.gather(self._driver, return_exceptions=True)
+        await self._driver.stop()
         self._fail_queued(unavailable("model is being unloaded"), REJECTED)
         if self._batches:
             await asyncio.wait(list(self._batches), timeout=_CLOSE_GRACE_S)

@@ -6,7 +6,7 @@ import pytest
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
-from engines.classic.errors import Code, ConfigError, InferError
+from engines.classic.errors import ConfigError, InferError
 from engines.classic.limits import (
     MAX_TIMEOUT_US,
     ClassicLimits,
@@ -18,6 +18,7 @@ from engines.classic.limits import (
 )
 from engines.classic.repository.names import check_model_name
 from engines.classic.scheduling.batching import BatcherConfig
+from engines.errors import ErrorKind
 
 
 def _config(text: str) -> mc.ModelConfig:
@@ -34,7 +35,7 @@ def test_plain_model_names_pass(name):
 def test_other_model_names_are_invalid(name):
     with pytest.raises(InferError) as err:
         check_model_name(name)
-    assert err.value.kind == Code.INVALID_ARG
+    assert err.value.kind == ErrorKind.INVALID_ARG
 
 
 def test_element_count_does_not_overflow():
@@ -69,7 +70,7 @@ def test_priority_within_the_model_levels():
     for config, p in ((three, 4), (three, -1), (none, 2), (three, 2**64)):
         with pytest.raises(InferError, match="'priority'") as err:
             check_priority(config, p)
-        assert err.value.kind == Code.INVALID_ARG
+        assert err.value.kind == ErrorKind.INVALID_ARG
 
 
 def test_server_default_queue_bound_applies_where_the_config_sets_none():

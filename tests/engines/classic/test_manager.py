@@ -10,7 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from engines.classic import Code, InferError, ModelRepositoryManager
+from engines.classic import InferError, ModelRepositoryManager
+from engines.errors import ErrorKind
 
 DOUBLE_PY = '''
 import threading
@@ -116,10 +117,10 @@ async def test_loads_repository_and_reports_bad_model(repo):
         assert out["Y"].tolist() == [[2, 4]]
         with pytest.raises(InferError) as err:
             await m.infer("broken", "", {"X": _x([1, 2])})
-        assert err.value.kind == Code.UNAVAILABLE
+        assert err.value.kind == ErrorKind.UNAVAILABLE
         with pytest.raises(InferError) as err:
             await m.infer("nope", "", {})
-        assert err.value.kind == Code.NOT_FOUND
+        assert err.value.kind == ErrorKind.NOT_FOUND
         with pytest.raises(InferError) as err:
             await m.infer("llm", "", {})
         assert "generate" in err.value.message
@@ -159,7 +160,7 @@ async def test_queue_full_and_cancellation_while_busy(repo):
         await _until(lambda: m.statistics("blocking")[0].pending_count == 2)
         with pytest.raises(InferError, match="Exceeds maximum queue size") as err:
             await m.infer("blocking", "", {"X": _x([3, 3])})
-        assert err.value.kind == Code.OVERLOADED
+        assert err.value.kind == ErrorKind.OVERLOADED
         queued.cancel()  # a cancelled queued request frees its slot
         await _until(lambda: m.statistics("blocking")[0].pending_count == 1)
         replacement = asyncio.create_task(m.infer("blocking", "", {"X": _x([4, 4])}))

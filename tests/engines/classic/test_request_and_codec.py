@@ -11,8 +11,9 @@ import pytest
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
-from engines.classic.errors import Code, InferError
+from engines.classic.errors import InferError
 from engines.classic.request import InferRequest, validate_request
+from engines.errors import ErrorKind
 from gateway.kserve import codec
 from gateway.kserve.http_codec import decode_request, encode_response
 
@@ -51,7 +52,7 @@ def test_strings_become_bytes():
 def test_invalid_requests(inputs, fragment):
     with pytest.raises(InferError) as err:
         validate_request(CONFIG, _req(**inputs), 1 << 20)
-    assert err.value.kind == Code.INVALID_ARG and fragment in err.value.message
+    assert err.value.kind == ErrorKind.INVALID_ARG and fragment in err.value.message
 
 
 def test_unknown_output_requested():
@@ -118,7 +119,7 @@ def test_http_binary_request_and_response():
 def test_shapes_refused_before_allocation(shape, fragment):
     with pytest.raises(InferError, match=fragment) as err:
         codec.check_shape("x", shape, 1 << 20)
-    assert err.value.kind == Code.INVALID_ARG
+    assert err.value.kind == ErrorKind.INVALID_ARG
     header = json.dumps({"inputs": [{"name": "x", "shape": shape, "datatype": "FP32",
                                      "parameters": {"binary_data_size": 0}}]}).encode()
     with pytest.raises(InferError, match=fragment):
@@ -162,26 +163,26 @@ def test_bytes_decoding_work_is_bounded_by_the_declared_shape():
 def test_grpc_typed_contents_counted_before_conversion():
     from tritonclient.grpc import service_pb2 as pb
 
-    from gateway.kserve import infer_grpc as grpc_infer
+    from gateway.kserve import infer_grpc
 
     request = pb.ModelInferRequest(model_name="m")
     tensor = request.inputs.add(name="x", datatype="INT32", shape=[2, 2])
     tensor.contents.int_contents.extend([1, 2, 3])
     with pytest.raises(InferError, match="got 3 elements, shape \\[2, 2\\] needs 4"):
-        grpc_infer.decode_inputs(request, 1 << 20)
+        infer_grpc.decode_inputs(request, 1 << 20)
     tensor.contents.int_contents.append(4)
-    assert grpc_infer.decode_inputs(request, 1 << 20)["x"].tolist() == [[1, 2], [3, 4]]
+    assert infer_grpc.decode_inputs(request, 1 << 20)["x"].tolist() == [[1, 2], [3, 4]]
     request.raw_input_contents.append(np.zeros(4, np.int32).tobytes())
     with pytest.raises(InferError, match="not both"):
-        grpc_infer.decode_inputs(request, 1 << 20)
+        infer_grpc.decode_inputs(request, 1 << 20)
     small = pb.ModelInferRequest(model_name="m")
     small.inputs.add(name="x", datatype="INT8", shape=[1]).contents.int_contents.append(300)
     with pytest.raises(InferError, match="cannot convert"):
-        grpc_infer.decode_inputs(small, 1 << 20)
+        infer_grpc.decode_inputs(small, 1 << 20)
     huge = pb.ModelInferRequest(model_name="m")
     huge.inputs.add(name="x", datatype="FP32", shape=[2**40, 2**40])
     with pytest.raises(InferError, match="more than the"):
-        grpc_infer.decode_inputs(huge, 1 << 20)
+        infer_grpc.decode_inputs(huge, 1 << 20)
 
 
 def test_request_limits_in_process():

@@ -21,10 +21,11 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from engines.classic.dtypes import wire_to_numpy
-from engines.classic.errors import Code, ConfigError, InferError
+from engines.classic.errors import ConfigError, InferError
 from engines.classic.execution.threads import describe
 from engines.classic.proto import ModelConfig, ModelOutput
 from engines.classic.repository.config import tensor_wire_type
+from engines.errors import ErrorKind
 
 if TYPE_CHECKING:
     from engines.classic.request import InferRequest
@@ -102,7 +103,8 @@ class StackedBackend(Backend):
             return [exc] * len(requests)
         except BaseException as exc:  # a model failure (even SystemExit from model code) fails this batch only
             self.timings = ComputeTimes(t1 - t0, time.perf_counter_ns() - t1, 0)
-            return [InferError(f"model '{self.config.name}' failed: {describe(exc)}", Code.INTERNAL)] * len(requests)
+            failed = InferError(f"model '{self.config.name}' failed: {describe(exc)}", ErrorKind.INTERNAL)
+            return [failed] * len(requests)
         t2 = time.perf_counter_ns()
         results = _split(self.config, requests, outputs, batching)
         self.timings = ComputeTimes(t1 - t0, t2 - t1, time.perf_counter_ns() - t2)
@@ -132,15 +134,15 @@ def _split(config: ModelConfig, requests: list[InferRequest], outputs: dict[str,
     for tensor in config.output:
         array = outputs.get(tensor.name)
         if array is None:
-            return [InferError(f"model '{config.name}' did not produce output '{tensor.name}'", Code.INTERNAL)] * len(
-                requests)
+            missing = InferError(f"model '{config.name}' did not produce output '{tensor.name}'", ErrorKind.INTERNAL)
+            return [missing] * len(requests)
         array = _coerce(tensor, np.asarray(array))
         if tensor.HasField("reshape"):
             array = array.reshape(([array.shape[0]] if batching else []) + [
                 d if d != -1 else -1 for d in tensor.dims])
         if batching and array.shape[0] != rows:
             return [InferError(f"model '{config.name}' output '{tensor.name}' has batch {array.shape[0]}, "
-                               f"expected {rows}", Code.INTERNAL)] * len(requests)
+                               f"expected {rows}", ErrorKind.INTERNAL)] * len(requests)
         start = 0
         for i, req in enumerate(requests):
             if req.outputs is None or tensor.name in req.outputs:

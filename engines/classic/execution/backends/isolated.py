@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from engines.classic.errors import Code, ConfigError, InferError
+from engines.classic.errors import ConfigError, InferError
 from engines.classic.execution.backends import shm
 from engines.classic.execution.backends.base import Backend, ComputeTimes, model_file
 from engines.classic.proto import ModelConfig
@@ -130,7 +130,7 @@ class IsolatedPythonBackend(Backend):
             self._conn.send_bytes(json.dumps(message).encode())
         except OSError:
             raise _Lost(f"model '{self.config.name}': its process exited ({self._status()})",
-                        Code.INTERNAL) from None
+                        ErrorKind.INTERNAL) from None
 
     def _recv(self, deadline: float | None, what: str) -> dict[str, Any]:
         assert self._conn is not None
@@ -139,15 +139,15 @@ class IsolatedPythonBackend(Backend):
             if not self._conn.poll(remaining):
                 raise _Lost(f"model '{self.config.name}' {what} exceeded its time limit of "
                             f"{self._limit_s if what == 'execute()' else _INIT_TIMEOUT_S:g} s; its process was "
-                            "killed and is restarted", Code.UNAVAILABLE)
+                            "killed and is restarted", ErrorKind.UNAVAILABLE)
             reply = json.loads(self._conn.recv_bytes(_MAX_REPLY_BYTES))
         except (EOFError, OSError):
             raise _Lost(f"model '{self.config.name}': its process exited ({self._status()}) during {what}; it is "
-                        "restarted", Code.INTERNAL) from None
+                        "restarted", ErrorKind.INTERNAL) from None
         except ValueError:
-            raise _Lost(f"model '{self.config.name}': its process sent a malformed reply", Code.INTERNAL) from None
+            raise _Lost(f"model '{self.config.name}': its process sent a malformed reply", ErrorKind.INTERNAL) from None
         if not isinstance(reply, dict):
-            raise _Lost(f"model '{self.config.name}': its process sent a malformed reply", Code.INTERNAL)
+            raise _Lost(f"model '{self.config.name}': its process sent a malformed reply", ErrorKind.INTERNAL)
         return reply
 
     # ---- execute ----------------------------------------------------------------------------
@@ -156,7 +156,7 @@ class IsolatedPythonBackend(Backend):
             try:
                 self._spawn()
             except ConfigError as exc:
-                return [InferError(f"its process could not be restarted: {exc}", Code.UNAVAILABLE)] * len(requests)
+                return [InferError(f"its process could not be restarted: {exc}", ErrorKind.UNAVAILABLE)] * len(requests)
         try:
             return self._run(requests)
         except _Lost as exc:
@@ -184,7 +184,7 @@ class IsolatedPythonBackend(Backend):
             need = int(reply["need"])
             if not 0 < need <= _MAX_OUTPUT_BYTES:
                 raise _Lost(f"model '{self.config.name}': its outputs need {need} bytes, more than the "
-                            f"{_MAX_OUTPUT_BYTES} one batch may return", Code.INTERNAL)
+                            f"{_MAX_OUTPUT_BYTES} one batch may return", ErrorKind.INTERNAL)
             self._out = self._grown(self._out, need)
             self._send({"op": "grow", "output": self._out.describe()})
             reply = self._recv(deadline, "execute()")
@@ -201,7 +201,7 @@ class IsolatedPythonBackend(Backend):
             self.timings = ComputeTimes(*(int(t) for t in reply["timings"]))
         except (KeyError, TypeError, ValueError) as exc:
             raise _Lost(f"model '{self.config.name}': its process sent a malformed reply ({exc})",
-                        Code.INTERNAL) from None
+                        ErrorKind.INTERNAL) from None
         return results
 
     def _grown(self, old: shm.Segment, size: int) -> shm.Segment:
@@ -209,7 +209,7 @@ class IsolatedPythonBackend(Backend):
             new = shm.Segment.create(self._prefix, max(size, 2 * old.size))
         except OSError as exc:  # /dev/shm is full: this batch fails, the process starts clean
             raise _Lost(f"model '{self.config.name}': no shared memory for {size} bytes: {exc}",
-                        Code.UNAVAILABLE) from None
+                        ErrorKind.UNAVAILABLE) from None
         old.close()
         old.unlink()  # the process may still map it until it maps the new one; the memory goes with the last
         return new

@@ -24,11 +24,12 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from engines.classic.errors import Code, ConfigError, InferError
+from engines.classic.errors import ConfigError, InferError
 from engines.classic.execution.backends import base, pb_utils
 from engines.classic.execution.threads import describe
 from engines.classic.proto import ModelConfig
 from engines.classic.repository.config import to_json
+from engines.errors import ErrorKind
 
 if TYPE_CHECKING:
     from engines.classic.request import InferRequest
@@ -128,7 +129,7 @@ class TritonPythonBackend(base.Backend):
                     responses = self._loop.run_until_complete(responses)
         except BaseException as exc:  # a failing model (even SystemExit) fails its batch, not the server
             self.timings = base.ComputeTimes(t1 - t0, time.perf_counter_ns() - t1, 0)
-            return [InferError(f"model '{self.config.name}' execute() failed: {describe(exc)}", Code.INTERNAL)
+            return [InferError(f"model '{self.config.name}' execute() failed: {describe(exc)}", ErrorKind.INTERNAL)
                     ] * len(requests)
         t2 = time.perf_counter_ns()
         results = self._convert(requests, responses)
@@ -139,18 +140,18 @@ class TritonPythonBackend(base.Backend):
         if not isinstance(responses, list) or len(responses) != len(requests):
             got = len(responses) if isinstance(responses, list) else type(responses).__name__
             err = InferError(f"model '{self.config.name}' returned {got} responses for {len(requests)} requests",
-                             Code.INTERNAL)
+                             ErrorKind.INTERNAL)
             return [err] * len(requests)
         results: list[dict[str, np.ndarray] | InferError] = []
         for req, resp in zip(requests, responses, strict=True):
             if resp.has_error():
-                results.append(InferError(resp.error().message(), Code.INTERNAL))
+                results.append(InferError(resp.error().message(), ErrorKind.INTERNAL))
                 continue
             produced = {t.name(): t.as_numpy() for t in resp.output_tensors()}
             wanted = req.outputs if req.outputs is not None else list(produced)
             missing = [n for n in wanted if n not in produced]
             if missing:
-                results.append(InferError(f"model '{self.config.name}' did not produce {missing}", Code.INTERNAL))
+                results.append(InferError(f"model '{self.config.name}' did not produce {missing}", ErrorKind.INTERNAL))
                 continue
             results.append({n: self._coerce(n, produced[n]) for n in wanted})
         return results

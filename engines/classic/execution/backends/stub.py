@@ -33,12 +33,13 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
-from engines.classic.errors import Code, InferError
+from engines.classic.errors import InferError
 from engines.classic.execution.backends import pb_utils, shm
 from engines.classic.execution.backends.base import Backend
 from engines.classic.execution.threads import describe
 from engines.classic.repository.config import parse_json
 from engines.classic.request import InferRequest
+from engines.errors import ErrorKind
 from engines.supervision import die_with_parent
 
 BLS_UNSUPPORTED = ("BLS (InferenceRequest.exec / async_exec) is not supported in a model with isolation "
@@ -82,7 +83,7 @@ def _execute(conn: Connection, backend: Backend, msg: dict[str, Any], segments: 
     try:
         results = backend.execute(requests)
     except BaseException as exc:  # the backends catch model errors already; this is the last guard
-        results = [InferError(f"model '{backend.config.name}' failed: {describe(exc)}", Code.INTERNAL)
+        results = [InferError(f"model '{backend.config.name}' failed: {describe(exc)}", ErrorKind.INTERNAL)
                    ] * len(requests)
     del requests  # drop the input views before the server may replace the segment
     encoded = [_encode(backend.config.name, r) for r in results]
@@ -110,7 +111,7 @@ def _encode(model: str, result: dict[str, Any] | InferError) -> list[shm.Encoded
     try:
         return shm.encode(result)
     except (ValueError, TypeError) as exc:
-        return InferError(f"model '{model}' produced an output that cannot be sent: {exc}", Code.INTERNAL)
+        return InferError(f"model '{model}' produced an output that cannot be sent: {exc}", ErrorKind.INTERNAL)
 
 
 def _load(init: dict[str, Any]) -> Backend:

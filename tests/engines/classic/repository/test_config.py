@@ -9,7 +9,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from engines.classic.errors import ConfigError, InferError
 from engines.classic.repository.config import load_config
-from engines.classic.repository.layout import select_versions
+from engines.classic.repository.disk import select_versions
 from engines.classic.repository.uploads import replace_files
 from engines.classic.scheduling.batching import BatcherConfig
 

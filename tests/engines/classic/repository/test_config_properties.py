@@ -21,7 +21,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from engines.classic.errors import ConfigError
 from engines.classic.loading import read_config
-from engines.classic.repository.layout import select_versions
+from engines.classic.repository.disk import select_versions
 from engines.classic.scheduling.batching import BatcherConfig, BatchQueue
 from tests.properties import bounded
 

@@ -9,8 +9,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from engines.classic import Code, InferError, ModelRepositoryManager
+from engines.classic import InferError, ModelRepositoryManager
 from engines.classic.repository.uploads import replace_files
+from engines.errors import ErrorKind
 
 DOUBLE_PY = "class SluiceModel:\n    def execute_batch(self, inputs):\n        return {'Y': inputs['X'] * 2}\n"
 TRIPLE_PY = DOUBLE_PY.replace("* 2", "* 3")
@@ -52,7 +53,7 @@ async def test_uploads_refused_unless_the_server_opts_in(repo):
     try:
         with pytest.raises(InferError) as err:
             await m.load("m", json.dumps(CONFIG), {"2/model.py": TRIPLE_PY.encode()})
-        assert err.value.kind == Code.PERMISSION_DENIED and "--allow-model-uploads" in err.value.message
+        assert err.value.kind == ErrorKind.PERMISSION_DENIED and "--allow-model-uploads" in err.value.message
         assert _tree(repo) == before and await _y(m) == 10
     finally:
         await m.stop()
@@ -76,7 +77,7 @@ async def test_invalid_override_config_writes_nothing(repo):
         for config in (json.dumps(bad), "{not json", json.dumps(dict(CONFIG, name="other"))):
             with pytest.raises(InferError) as err:
                 await m.load("m", config, {"2/model.py": TRIPLE_PY.encode()})
-            assert err.value.kind == Code.INVALID_ARG
+            assert err.value.kind == ErrorKind.INVALID_ARG
         assert _tree(repo) == before and sorted(p.name for p in repo.iterdir()) == ["m"]
         assert await _y(m) == 10
     finally:
@@ -130,7 +131,7 @@ async def test_default_model_filename_must_stay_inside_the_model(repo, tmp_path,
     try:
         with pytest.raises(InferError) as err:
             await m.load("m", json.dumps(dict(CONFIG, default_model_filename=filename)))
-        assert err.value.kind == Code.INVALID_ARG and "default_model_filename" in err.value.message
+        assert err.value.kind == ErrorKind.INVALID_ARG and "default_model_filename" in err.value.message
         assert await _y(m) == 10
     finally:
         await m.stop()
@@ -160,7 +161,7 @@ async def test_an_ensemble_step_cannot_load_a_model_from_outside_the_repository(
     try:
         with pytest.raises(InferError) as err:
             await m.load("ens", json.dumps(ensemble))
-        assert err.value.kind == Code.INVALID_ARG and "step[0].model_name" in err.value.message
+        assert err.value.kind == ErrorKind.INVALID_ARG and "step[0].model_name" in err.value.message
         assert "invalid model name" in err.value.message
         assert f"../{outside.name}" not in {r["name"] for r in m.repository_index()}
     finally:

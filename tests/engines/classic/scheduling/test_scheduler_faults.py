@@ -14,8 +14,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from engines.classic import Code, InferError, ModelRepositoryManager
+from engines.classic import InferError, ModelRepositoryManager
 from engines.classic.limits import ClassicLimits
+from engines.errors import ErrorKind
 
 BOUND_S = 30.0  # how long any single step may take before the test calls it a hang
 
@@ -130,9 +131,11 @@ async def test_injected_scheduler_failure_fails_its_requests_and_restarts(manage
     _module("gated").GATE.set()
     with caplog.at_level(logging.ERROR, logger="sluice.classic"), pytest.raises(InferError) as err:
         await _bounded(manager.infer("gated", "", {"X": _x([1, 1])}))
-    assert err.value.kind == Code.INTERNAL and "scheduler failed (RuntimeError: injected fault)" in err.value.message
-    assert any("died; restarting" in r.message and r.exc_info for r in caplog.records)
+    assert err.value.kind == ErrorKind.INTERNAL
+    assert "scheduler failed (RuntimeError: injected fault)" in err.value.message
+    assert any("scheduler of model 'gated' failed" in r.message and r.exc_info for r in caplog.records)
     assert (await _bounded(manager.infer("gated", "", {"X": _x([2, 2])})))["Y"].tolist() == [[2, 2]]
+    assert scheduler.restarts == 1  # counted, as every background task's restarts are
 
 
 async def test_repository_poller_is_restarted_after_a_failure(tmp_path: Path, caplog):
@@ -153,7 +156,8 @@ async def test_repository_poller_is_restarted_after_a_failure(tmp_path: Path, ca
             await _bounded(polled.wait())
         finally:
             await m.stop()
-    assert any("repository poller died" in r.message for r in caplog.records)
+    assert any("background task repository poller failed" in r.message for r in caplog.records)
+    assert m._poller.restarts.total == 1  # counted, as every background task's restarts are
 
 
 async def test_queue_bound_from_the_server_default_under_a_flood(manager):
@@ -165,7 +169,7 @@ async def test_queue_bound_from_the_server_default_under_a_flood(manager):
     await _bounded(_until(lambda: sum(t.done() for t in flood) == 36))  # refused at once, in arrival order
     assert scheduler.queued == 4  # the config sets no max_queue_size: the server's bound holds
     refused = [t for t in flood if t.done()]
-    assert all(isinstance(t.exception(), InferError) and t.exception().kind == Code.OVERLOADED for t in refused)
+    assert all(isinstance(t.exception(), InferError) and t.exception().kind == ErrorKind.OVERLOADED for t in refused)
     gated.GATE.set()
     assert (await _bounded(running))["Y"].tolist() == [[0, 0]]
     accepted = [await _bounded(t) for t in flood if t not in refused]
@@ -182,7 +186,7 @@ async def _until(condition) -> None:
 async def test_model_raising_base_exceptions_fails_its_request_only(manager, value, raised):
     with pytest.raises(InferError) as err:
         await _bounded(manager.infer("raises", "", {"X": _x([value, 0])}))
-    assert err.value.kind == Code.INTERNAL and raised in err.value.message
+    assert err.value.kind == ErrorKind.INTERNAL and raised in err.value.message
     assert (await _bounded(manager.infer("raises", "", {"X": _x([5, 6])})))["Y"].tolist() == [[5, 6]]
 
 
@@ -196,7 +200,7 @@ async def test_hung_execute_fails_at_the_limit_and_a_replacement_serves(manager)
     module = _module("hangs_once")
     with pytest.raises(InferError) as err:
         await _bounded(manager.infer("hangs_once", "", {"X": _x([1, 1])}))
-    assert err.value.kind == Code.UNAVAILABLE and "exceeded its time limit of 0.2 s" in err.value.message
+    assert err.value.kind == ErrorKind.UNAVAILABLE and "exceeded its time limit of 0.2 s" in err.value.message
     # The hung thread is still inside execute(); a replacement instance (a new module, a new thread) serves.
     assert (await _bounded(manager.infer("hangs_once", "", {"X": _x([2, 2])})))["Y"].tolist() == [[3, 3]]
     assert _module("hangs_once") is not module and len(module.CALLS) == 1

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from gateway.security.keys import Limits
-from gateway.security.limits import LocalQuotas
+from gateway.security.quota_buckets import LocalQuotas
 
 
 class Clock:
