@@ -34,15 +34,17 @@ test: venv apt npm models vllm-venv
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 bench: venv models
-	$(PY) loadtests/bench_gateway_overhead.py
+	$(PY) loadtests/relay/bench_transformers.py
 
-# The gates .ci/run passes before the tests: ruff, mypy (strict for router/ and engines/),
-# import-linter (gateway -> router -> engines, no cycles) and the module/function size limits.
+# The gates .ci/run passes before the tests: ruff, mypy (strict for gateway/, router/ and engines/),
+# import-linter (gateway -> router -> engines, no cycles), the module/function size limits, and
+# the repository paths and modules the docs name.
 lint: venv
 	$(PY) -m ruff check .
 	$(PY) -m mypy
 	$(PY) -c 'import sys; from importlinter.cli import lint_imports_command; sys.exit(lint_imports_command())' --no-cache
 	$(PY) scripts/check_sizes.py
+	$(PY) scripts/check_doc_paths.py
 
 clean:
 	rm -rf .venv .pytest_cache
