@@ -30,15 +30,12 @@ class Backoff:
     """Delays between restarts: `initial_s`, times `factor` per consecutive failure, at most `max_s`.
 
     A run that lasted `reset_after_s` counts as healthy: the failure after it starts
-    again from the first delay, so a rare crash is restarted fast and a crash loop slowly.
-    With `first_at_once` the first failure restarts without waiting and `initial_s` is the
-    second delay: for loops that requests wait on, such as a model's scheduler."""
+    again from `initial_s`, so a rare crash is restarted fast and a crash loop slowly."""
 
     initial_s: float = 0.5
     max_s: float = 30.0
     reset_after_s: float = 60.0
     factor: float = 2.0
-    first_at_once: bool = False
 
     def __post_init__(self) -> None:
         if self.initial_s <= 0 or self.max_s < self.initial_s:
@@ -50,16 +47,12 @@ class Backoff:
 
     def delay_s(self, failures: int) -> float:
         """The wait before the restart that follows `failures` consecutive failures (>= 1)."""
-        if self.first_at_once:
-            if failures <= 1:
-                return 0.0
-            failures -= 1
         return min(self.max_s, self.initial_s * self.factor ** min(max(failures - 1, 0), 32))
 
 
-# A model's scheduler holds the requests of its queue: a one-off crash is restarted at once,
+# A model's scheduler holds the requests of its queue: a one-off crash is restarted after 10 ms,
 # a crash loop at most once a second; ten quiet seconds count as healthy.
-QUICK_BACKOFF = Backoff(initial_s=0.01, max_s=1.0, reset_after_s=10.0, factor=10.0, first_at_once=True)
+QUICK_BACKOFF = Backoff(initial_s=0.01, max_s=1.0, reset_after_s=10.0, factor=10.0)
 
 Sleep = Callable[[float], Awaitable[None]]
 

@@ -17,8 +17,8 @@ This module adapts it to the `LLMEngine` contract:
 
 After `cancel_request` the manager may deliver one more output and never a
 final one, so completion is tracked here, not by waiting for the manager's last
-output. Every use of transformers' private internals is in `transformers_compat`;
-loading and building managers is in `transformers_loading`.
+output. Every use of transformers' private internals is in `engines.transformers.compat`;
+loading and building managers is in `engines.transformers.loading`.
 """
 
 from __future__ import annotations

@@ -64,7 +64,7 @@ def raise_if_failed(delta: Delta) -> None:
 async def stream_chunks(d: Dispatch, body: ChatCompletionRequest) -> AsyncGenerator[bytes, None]:
     """The chunks of a streamed chat completion, as JSON bytes."""
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
-    enc = ChunkEncoder(d.request_id, "completion.chunk", d.created, d.model.name, include_usage=include_usage)
+    enc = ChunkEncoder(d.request_id, "chat.completion.chunk", d.created, d.model.name, include_usage=include_usage)
     tally = UsageTally([len(d.requests[0].prompt_token_ids)])
     started: set[int] = set()
     async with aclosing(d.deltas()) as deltas:
@@ -114,7 +114,7 @@ async def collect(d: Dispatch) -> dict[str, Any]:
             message["content"] = None
         choices.append({"index": i, "message": message, "logprobs": chat_logprobs(logprobs[i]),
                         "finish_reason": finish.get(i)})
-    return {"id": d.request_id, "object": "completion", "created": d.created, "model": d.model.name,
+    return {"id": d.request_id, "object": "chat.completion", "created": d.created, "model": d.model.name,
             "system_fingerprint": None, "choices": choices, "usage": tally.body()}
 
 

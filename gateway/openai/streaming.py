@@ -80,7 +80,7 @@ class ChunkEncoder:
                 + b'},"logprobs":null,"finish_reason":null}' + self._tail)
 
     def usage(self, usage: dict[str, Any]) -> bytes:
-        """The final chunk of a stream that asked for """
+        """The final chunk of a stream that asked for usage."""
         return self._usage_head + orjson.dumps(usage) + b"}"
 
 

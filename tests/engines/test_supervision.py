@@ -36,7 +36,7 @@ def test_backoff_doubles_up_to_its_bound() -> None:
 
 
 def test_a_quick_backoff_restarts_at_once_then_grows_tenfold() -> None:
-    assert [QUICK_BACKOFF.delay_s(n) for n in range(1, 6)] == [0.0, 0.01, 0.1, 1.0, 1.0]
+    assert [QUICK_BACKOFF.delay_s(n) for n in range(1, 6)] == [0.01, 0.1, 1.0, 1.0, 1.0]
 
 
 def test_restarts_count_in_a_row_until_a_run_lasted_long_enough() -> None:

@@ -5,7 +5,7 @@
 by the router's own decoder (`router.index.events.decode_vllm_batch`), as the
 subscriber does. `wire=False` builds the same decoded dataclasses directly,
 skipping msgpack and the per-token checks, which is most of the cost on long
-prompts; `tests/loadtests/test_vtime_fleet.py` checks that both give the
+prompts; `tests/loadtests/routing/test_vtime_fleet.py` checks that both give the
 router the same events.
 """
 

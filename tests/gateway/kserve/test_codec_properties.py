@@ -1,4 +1,4 @@
-"""Properties of the KServe v2 tensor parser (`http_infer.decode_request`, `codec`).
+"""Properties of the KServe v2 tensor parser (`http_codec.decode_request`, `codec`).
 
 A hostile client controls every byte of an infer body and its header length, so:
 - nothing but the domain error (`SluiceError`, here `InferError(INVALID_ARG)`) ever escapes;

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+import engines
 from engines.classic.errors import ConfigError, InferError
 from engines.classic.execution.backends import shm
 from engines.classic.execution.backends.base import Backend, ComputeTimes, model_file
@@ -41,7 +42,9 @@ if TYPE_CHECKING:
     from engines.classic.request import InferRequest
 
 log = logging.getLogger("sluice.classic")
-_ROOT = Path(__file__).resolve().parents[3]  # where the `engines` package lives, for the child's imports
+# Where the `engines` package lives, for the child's imports (its parent, never `engines/` itself:
+# that would make engines/transformers shadow the transformers library in the model's code).
+_ROOT = Path(engines.__file__).resolve().parent.parent
 _INIT_TIMEOUT_S = 600.0  # initialize() may load weights; a hung one still ends
 _FIRST_SEGMENT_BYTES = 1 << 20
 _MAX_REPLY_BYTES = 64 << 20  # metadata only: a reply this large is a broken process
