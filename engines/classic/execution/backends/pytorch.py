@@ -8,15 +8,16 @@ kept: libtorch's CPU kernels choose their algorithm by the batch size, so a row'
 depend on how many rows it ran with (digits_cnn_pt on an AVX-512 Xeon: batches of 1, of 2-4 and
 of 5 or more are three regimes, up to 1e-6 apart), and a row's answer must not depend on whether
 the dynamic batcher found it company. `pad_rows` is measured when the instance loads, on this
-machine, by `batch_invariance.invariant_rows` (one measurement per model file and process); when
-no probe can be made up (a variable non-batch dimension, a string input) or the probe fails, a
-one-row batch runs as two, the rule that held on the AMD EPYC machines where only N=1 differed.
+machine, by `batch_invariance.invariant_rows` (one measurement per model file, probe inputs and
+max_batch_size, and process); when no size is measured (no probe can be made up, the probe fails,
+the model is not deterministic, or the probes run past their time budget) a one-row batch runs as
+two, the rule that held on the AMD EPYC machines where only N=1 differed. A model with
+max_batch_size 0 or 1 never meets a multi-row batch: it is neither measured nor padded.
 """
 
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -26,14 +27,22 @@ import numpy as np
 
 from engines.classic.errors import ConfigError
 from engines.classic.execution.backends.base import StackedBackend, model_file
-from engines.classic.execution.backends.batch_invariance import PROBE_MAX_ROWS, invariant_rows, probe_inputs
+from engines.classic.execution.backends.batch_invariance import (
+    BUDGET_S,
+    FALLBACK_PAD_ROWS,
+    PROBE_MAX_ROWS,
+    Calibrations,
+    Uncalibrated,
+    calibrates,
+    invariant_rows,
+    probe_inputs,
+    probe_key,
+)
 from engines.classic.proto import ModelConfig
 
 log = logging.getLogger(__name__)
-_FALLBACK_PAD_ROWS = 2  # see the module docstring
-# (model file, its mtime and size, max_batch_size) -> pad_rows: the instances of one model measure once.
-_measured: dict[tuple[str, int, int, int], int] = {}
-_measured_lock = threading.Lock()
+# (model file, its mtime and size, probe_key) -> pad_rows: the instances of one model measure once.
+_calibrations = Calibrations()
 
 
 class TorchScriptBackend(StackedBackend):
@@ -52,7 +61,7 @@ class TorchScriptBackend(StackedBackend):
         self._torch = torch
         self._input_names = [t.name for t in config.input]
         self._output_names = [t.name for t in config.output]
-        self.pad_rows = self._pad_rows(path) if config.max_batch_size > 0 else 1
+        self.pad_rows = self._pad_rows(path) if calibrates(config.max_batch_size) else 1
 
     def run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         arrays = [np.ascontiguousarray(inputs[n]) for n in self._input_names]
@@ -74,27 +83,28 @@ class TorchScriptBackend(StackedBackend):
         return [t.detach().cpu().numpy() for t in result]
 
     def _pad_rows(self, path: Path) -> int:
-        """The batch size smaller batches are padded to: measured once per model file (see the module docstring)."""
+        """The batch size smaller batches are padded to: measured once per key (see the module docstring)."""
         stat = path.stat()
-        key = (str(path.resolve()), stat.st_mtime_ns, stat.st_size, self.config.max_batch_size)
-        with _measured_lock:  # instances load in parallel: the first measures, the others wait for it
-            if key not in _measured:
-                _measured[key] = self._measure()
-            return _measured[key]
+        key = (str(path.resolve()), stat.st_mtime_ns, stat.st_size, probe_key(self.config))
+        return _calibrations.rows(key, self._measure)  # instances load in parallel: the first measures
 
     def _measure(self) -> int:
         top = min(self.config.max_batch_size, PROBE_MAX_ROWS)
         probe = probe_inputs(self.config, top)
         if probe is None:
-            return _FALLBACK_PAD_ROWS
+            return FALLBACK_PAD_ROWS
         arrays = [np.ascontiguousarray(probe[n]) for n in self._input_names]
         started = time.perf_counter()
         try:
-            rows = invariant_rows(lambda n: self._forward([a[:n] for a in arrays]), top)
+            rows = invariant_rows(lambda n: self._forward([a[:n] for a in arrays]), top, budget_s=BUDGET_S)
+        except Uncalibrated as exc:  # keep the rule that held before
+            log.warning("model %s: no batch-invariant size measured (%s); padding one-row batches to %d",
+                        self.config.name, exc, FALLBACK_PAD_ROWS)
+            return FALLBACK_PAD_ROWS
         except Exception as exc:  # a model that refuses random input: keep the rule that held before
             log.warning("model %s: batch-size probe failed (%s); padding one-row batches to %d",
-                        self.config.name, exc, _FALLBACK_PAD_ROWS)
-            return _FALLBACK_PAD_ROWS
+                        self.config.name, exc, FALLBACK_PAD_ROWS)
+            return FALLBACK_PAD_ROWS
         log.info("model %s: rows are batch-invariant from %d (probed up to %d rows in %.2f s)",
                  self.config.name, rows, top, time.perf_counter() - started)
         return rows
