@@ -68,8 +68,9 @@ async def test_completions_stream_and_match_direct_greedy_call(workers, engines)
         deltas = await _collect(engine, _req(f"cmp-{engine.name}", ids))
         direct = await _direct(worker.url, "/v1/completions",
                                {"prompt": ids, "max_tokens": 12, "temperature": 0, "ignore_eos": True})
-        # It streamed (vLLM's frontend may merge tokens into fewer chunks when the machine is busy).
-        assert sum(len(d.token_ids) for d in deltas) == 12 and len([d for d in deltas if d.token_ids]) > 1
+        # Every token arrives once. How many chunks carry them is the machine's pace: vLLM's frontend
+        # merged all 12 into one in a clean-clone run with every core busy.
+        assert sum(len(d.token_ids) for d in deltas) == 12
         assert "".join(d.text for d in deltas) == direct["choices"][0]["text"]  # type: ignore[index]
         final = deltas[-1]
         assert (final.finish_reason, final.prompt_tokens, final.completion_tokens) == ("length", 40, 12)
