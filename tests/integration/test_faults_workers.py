@@ -128,7 +128,8 @@ async def _mid_stream(http: httpx.AsyncClient, tag: str, short_tokens: int, by_n
     while that stream is certainly unfinished, so the fault lands mid-stream. The engines are
     braked while the streams start (see `EngineBrake`), since on a loaded machine tiny-llama can
     finish the long answer before the short one's first token; if the long stream still ends
-    instead of going quiet once held, the scenario is set up again (at most three times)."""
+    instead of going quiet once held, the scenario is set up again (at most three times). Once the
+    long one is held, the short one's engine is let go of the brake."""
     long_tokens = 1900
     brake = stack.enter_context(EngineBrake([w.proc.pid for w in by_name.values()]))
     for attempt in range(3):
@@ -137,6 +138,9 @@ async def _mid_stream(http: httpx.AsyncClient, tag: str, short_tokens: int, by_n
         if not tasks[0].done() and streams[0].tokens < long_tokens // 2 \
                 and await held_mid_stream(tasks[0], lambda s=streams[0]: len(s.payloads), brake,
                                           [by_name[streams[0].worker].proc.pid]):
+            # The other engine runs freely from here: braked on a loaded machine it once went 3 s
+            # without a token, and the gateway's stall bound (rightly) gave its stream up.
+            brake.free([by_name[streams[1].worker].proc.pid])
             return streams, tasks
         for t in tasks:  # hanging up aborts them: braked, they would take minutes
             t.cancel()

@@ -225,6 +225,14 @@ class EngineBrake:
         with self._lock:
             self._held -= set(launcher_pids)
 
+    def free(self, launcher_pids: Iterable[int]) -> None:
+        """Let these launchers' engines run at full speed from now on (neither braked nor held)."""
+        with self._lock:
+            pids = set(launcher_pids) & set(self._procs)
+            self._signal(pids, signal.SIGCONT)
+            self._held -= pids
+            self._procs = {pid: procs for pid, procs in self._procs.items() if pid not in pids}
+
     def _cycle(self) -> None:
         while not self._done.is_set():
             with self._lock:
@@ -237,7 +245,7 @@ class EngineBrake:
 
     def _signal(self, launcher_pids: Iterable[int], sig: signal.Signals) -> None:
         for pid in launcher_pids:
-            for p in self._procs[pid]:
+            for p in self._procs.get(pid, ()):
                 try:
                     os.kill(p.pid, sig)
                 except ProcessLookupError:  # the test killed this engine
