@@ -62,6 +62,10 @@ def _serve_parser(sub: Any) -> None:
                    help="on SIGTERM, how long in-flight requests may finish while new ones get 503 [30]")
     p.add_argument("--worker-stall-timeout-s", type=float,
                    help="end a worker stream that sent nothing for this long after its first chunk [60]")
+    p.add_argument("--stream-write-timeout-s", type=float,
+                   help="end an SSE or gRPC stream whose client has not taken a write for this long [30]")
+    p.add_argument("--max-stream-buffer-bytes", type=int,
+                   help="end a stream with this many bytes queued for a client that does not read [1048576]")
     _classic_arguments(p)
     p.add_argument("--frontends", type=int,
                    help="server processes sharing the ports, to use more cores for protocol work [1]")

@@ -53,6 +53,10 @@ class Settings(BaseSettings):
     # A worker stream that sent its first chunk and then nothing for this long is ended
     # with an error (a stopped or wedged worker keeps its connection open).
     worker_stall_timeout_s: float = Field(default=60.0, gt=0.0)
+    # A client that stops reading: an SSE or gRPC stream whose write has waited this long, or that
+    # has this many bytes queued unsent, is ended, its engine request aborted and its slot freed.
+    stream_write_timeout_s: float = Field(default=30.0, gt=0.0)
+    max_stream_buffer_bytes: int = Field(default=1024 * 1024, ge=4096)
     engine_max_batch_size: int = Field(default=32, ge=1)
     template_timeout_s: float = Field(default=5.0, gt=0.0)  # one chat-template render, off the event loop
     template_threads: int = Field(default=4, ge=1, le=64)  # renders at once; beyond it 503
