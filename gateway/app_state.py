@@ -11,6 +11,7 @@ from fastapi import Request
 from prometheus_client import CollectorRegistry
 
 from gateway.cpu_pool import Renderer
+from gateway.discovery.attest import Attestations
 from gateway.drain import Drain
 from gateway.llm.metrics import LLMMetrics
 from gateway.llm.service import LLMService
@@ -44,6 +45,8 @@ class AppState:
     drain: Drain = field(default_factory=Drain)  # in-flight requests; draining after SIGTERM
     peers: Peers | None = None  # the sibling frontends of `--frontends N`
     startup_task: asyncio.Task[None] | None = None  # a frontend's start-up, which it awaits before listening
+    # (name, URL) pairs workers registered with a `workers`-scope key: what discovery may admit.
+    attestations: Attestations = field(default_factory=Attestations)
 
 
 def state_of(request: Request) -> AppState:

@@ -38,13 +38,7 @@ def _serve_parser(sub: Any) -> None:
                    help="with explicit mode: load at start ('*' for all; repeatable)")
     p.add_argument("--llm", dest="served_llms", action="append",
                    help="serve only these LLMs of the repository (default: all; repeatable)")
-    p.add_argument("--worker", dest="workers", action="append",
-                   help="remote LLM worker, URL or NAME=URL (repeatable); LLMs then come from workers")
-    p.add_argument("--workers-file", type=Path, help="YAML list of worker records")
-    p.add_argument("--k8s-discovery", dest="k8s_discovery", action="append", metavar="SPEC",
-                   help="find workers in Kubernetes EndpointSlices (repeatable), e.g. 'namespace=sluice,"
-                        "selector=app.kubernetes.io/component=vllm-worker,port=http,engine=vllm'")
-    p.add_argument("--redis-url", help="share routing state with other gateway replicas through Redis")
+    _fleet_flags(p)
     p.add_argument("--routing-policy", choices=POLICIES, help="[prefix]")
     p.add_argument("--max-running", type=int, help="admitted requests per model [64]")
     p.add_argument("--max-queued", type=int, help="queued requests per model before 503 [256]")
@@ -52,10 +46,19 @@ def _serve_parser(sub: Any) -> None:
     p.add_argument("--max-body-bytes", type=int, help="larger request bodies, raw or inflated, get 413 [8 MiB]")
     p.add_argument("--max-inflight-requests", type=int, help="concurrent HTTP requests before 503 [1024]")
     p.add_argument("--header-timeout-s", type=float, help="time a client may take to send its headers [10]")
+    p.add_argument("--max-header-bytes", type=int, help="request line and headers beyond this get 431 [65536]")
+    p.add_argument("--max-header-count", type=int, help="more header fields than this get 431 [100]")
+    p.add_argument("--max-idle-connections-per-client", type=int,
+                   help="idle connections per client address (IPv6: per /64); beyond it the oldest is closed [256]")
+    p.add_argument("--max-idle-connections", type=int,
+                   help="idle connections in all (at most half the fd limit); beyond it the oldest is closed [4096]")
     p.add_argument("--body-timeout-s", type=float, help="time a client may take to send its body [30]")
     p.add_argument("--max-batch-size", dest="engine_max_batch_size", type=int,
                    help="in-process engine batch size [32]")
     p.add_argument("--template-timeout-s", type=float, help="time limit of one chat-template render [5]")
+    p.add_argument("--max-prompt-chars", type=int,
+                   help="characters of client text per request, tokenized off the event loop; more get 400 "
+                        "[--max-body-bytes]")
     p.add_argument("--allow-client-chat-templates", action="store_true",
                    help="let requests carry their own chat_template (a template is code the server runs)")
     p.add_argument("--drain-timeout-s", type=float,
@@ -75,6 +78,21 @@ def _serve_parser(sub: Any) -> None:
     _observability_flags(p)
 
 
+def _fleet_flags(p: argparse.ArgumentParser) -> None:
+    """Where LLM workers come from, and the Redis gateway replicas share."""
+    p.add_argument("--worker", dest="workers", action="append",
+                   help="remote LLM worker, URL or NAME=URL (repeatable); LLMs then come from workers")
+    p.add_argument("--workers-file", type=Path, help="YAML list of worker records")
+    p.add_argument("--k8s-discovery", dest="k8s_discovery", action="append", metavar="SPEC",
+                   help="find workers in Kubernetes EndpointSlices (repeatable), e.g. 'namespace=sluice,"
+                        "selector=app.kubernetes.io/component=vllm-worker,port=http,engine=vllm'")
+    p.add_argument("--redis-url", help="share routing state and quotas with other gateway replicas through Redis "
+                                       "(redis://[USER@]HOST:PORT/DB, or rediss:// for TLS)")
+    p.add_argument("--redis-password-file", type=Path, metavar="PATH",
+                   help="Redis password (first line) [also SLUICE_REDIS_PASSWORD]")
+    p.add_argument("--redis-ca-file", type=Path, metavar="PATH", help="CA that verifies a rediss:// server [system]")
+
+
 def _observability_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--metrics-port", type=int,
                    help="also serve /metrics (the same registry) on this port of its own [none]")
@@ -89,9 +107,15 @@ def _security_flags(p: argparse.ArgumentParser) -> None:
                    help="API keys: YAML list of {id, key, rpm, tpm, concurrency}, or one key per line "
                         "[also SLUICE_API_KEYS, comma-separated]")
     p.add_argument("--admin-keys-file", type=Path, metavar="PATH",
-                   help="admin keys (repository load/unload, /v1/admin) [also SLUICE_ADMIN_KEYS, SLUICE_ADMIN_KEY]")
+                   help="admin keys; an entry's scopes: repository, workers, metrics (default all) "
+                        "[also SLUICE_ADMIN_KEYS, SLUICE_ADMIN_KEY]")
+    p.add_argument("--registration-key-file", type=Path, metavar="PATH",
+                   help="keys workers register with: the 'workers' scope only [also SLUICE_REGISTRATION_KEY]")
+    p.add_argument("--worker-key-file", type=Path, metavar="PATH",
+                   help="the key sent to every worker as a bearer token; workers started with the same key "
+                        "refuse requests without it [also SLUICE_WORKER_KEY]")
     p.add_argument("--metrics-require-key", action="store_const", const=True,
-                   help="/metrics needs an API or admin key")
+                   help="/metrics needs an admin key with the 'metrics' scope")
     p.add_argument("--forwarded-allow-ips", metavar="IP,...",
                    help="proxies trusted for X-Forwarded-For/-Proto (comma-separated, CIDR, '*') [none]")
     p.add_argument("--cors-allow-origins", metavar="ORIGIN,...", help="CORS origins (comma-separated, '*') [none]")
@@ -109,6 +133,9 @@ def _classic_arguments(p: argparse.ArgumentParser) -> None:
                    help="elements per input tensor; larger shapes get 400 [67108864]")
     p.add_argument("--classic-execute-timeout-s", type=float,
                    help="execute() time limit of classic models without their own; 0: none [300]")
+    p.add_argument("--python-model-user", metavar="USER",
+                   help="run every python model in its own process as this unprivileged user; the server "
+                        "must run as root [none: isolated models run as the server's user]")
     p.add_argument("--grpc-max-message-bytes", type=int, help="KServe gRPC message size, each way [64 MiB]")
     p.add_argument("--grpc-max-concurrent-rpcs", type=int, help="KServe gRPC RPCs in progress at once [1024]")
     p.add_argument("--grpc-max-stream-inflight", type=int,
@@ -195,18 +222,23 @@ def _worker(args: argparse.Namespace) -> int:
         from engines.launchers import run_worker
 
         return run_worker(args)
+    from engines.launchers import WorkerEnvironment, worker_key_from_args
     from engines.weights import resolve_llm
     from gateway.http.server import run
     from gateway.llm.local import LLMSpec
     from gateway.settings import Settings
 
+    # The worker is a gateway: its worker key is its one API key (every route but the probes needs it).
+    key = worker_key_from_args(args, WorkerEnvironment.from_environ(), f"worker transformers-{args.port}")
+    keys: dict[str, Any] = {"api_keys": key} if key else {}  # none given: SLUICE_API_KEYS still applies
     model_dir = resolve_llm(args.model, Path(args.model_repository))
     name = args.served_model_name or (Path(args.model).name if Path(args.model).is_dir() else args.model)
     advertise = args.advertise_host
     settings = Settings(host=args.host, http_port=args.port, grpc_port=0, model_repository=None,
                         engine_max_batch_size=args.max_batch_size, register_with=args.gateway,
                         worker_name=args.name or f"transformers-{args.port}", log_level=args.log_level,
-                        advertise_url=f"http://{advertise}:{args.port}" if advertise else None)
+                        advertise_url=f"http://{advertise}:{args.port}" if advertise else None,
+                        **keys)
     return run(settings, [LLMSpec(name, model_dir, max_batch_size=args.max_batch_size)])
 
 

@@ -65,25 +65,38 @@ class EmbeddingBridge:
         return bridge
 
     def texts(self, model: EmbeddingModel, raw: str | list[Any]) -> tuple[list[str], int]:
-        """OpenAI's four input forms (text, texts, ids, lists of ids) as texts, and their token count."""
+        """OpenAI's four input forms (text, texts, ids, lists of ids) as texts, and their token count.
+        CPU work that grows with the input: the route runs it off the event loop (`gateway.cpu_pool`)."""
         if isinstance(raw, str):
             items: list[Any] = [raw]
         elif raw and all(isinstance(t, int) for t in raw):
             items = [raw]
         else:
             items = list(raw)
-        texts, total = [], 0
+        texts = []
         for i, item in enumerate(items):
-            text = model.tokenizer.decode(item, skip_special_tokens=True) if isinstance(item, list) else item
+            text = self._decode(model, item, i) if isinstance(item, list) else item
             if not text:
                 raise SluiceError(f"input[{i}] is empty", ErrorKind.INVALID_ARG, param="input")
-            n = len(model.tokenizer.encode(text).ids)
+            texts.append(text)
+        # encode_batch: the tokenizers binding releases the GIL there (not in encode), and uses every core.
+        counts = [len(e.ids) for e in model.tokenizer.encode_batch(texts)]
+        for i, n in enumerate(counts):
             if n > model.max_input_tokens:
                 raise SluiceError(f"input[{i}] has {n} tokens; this model's maximum is {model.max_input_tokens}",
                                   ErrorKind.CONTEXT_TOO_LONG, code="context_length_exceeded", param="input")
-            texts.append(text)
-            total += n
-        return texts, total
+        return texts, sum(counts)
+
+    @staticmethod
+    def _decode(model: EmbeddingModel, ids: list[int], i: int) -> str:
+        """The text of token ids, each checked against the vocabulary first (the tokenizer takes only
+        unsigned 32-bit ids, and silently drops ids past its vocabulary)."""
+        vocab = model.tokenizer.get_vocab_size(with_added_tokens=True)
+        bad = next((t for t in ids if not 0 <= t < vocab), None)
+        if bad is not None:
+            raise SluiceError(f"input[{i}]: token id {bad} is outside the vocabulary [0, {vocab})",
+                              ErrorKind.INVALID_ARG, param="input")
+        return str(model.tokenizer.decode(ids, skip_special_tokens=True))
 
 
     async def embed(self, model: EmbeddingModel, texts: list[str]) -> np.ndarray:

@@ -14,9 +14,11 @@ import yaml
 from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from engines.classic.execution.backends.sandbox import resolve_user
 from engines.classic.limits import ClassicLimits
 from engines.classic.manager import CONTROL_MODES
 from engines.launchers.registration import WorkerRecord
+from engines.launchers.spec import read_worker_key
 from gateway.discovery.spec import parse_discovery, require_client
 from gateway.llm.admission import AdmissionConfig
 from gateway.logs import LOG_FORMATS
@@ -39,6 +41,9 @@ class Settings(BaseSettings):
     workers_file: Path | None = None  # YAML list of worker records
     k8s_discovery: tuple[str, ...] = ()  # EndpointSlice sources of workers (gateway.discovery.spec)
     redis_url: str | None = None  # share routing state between gateway replicas
+    redis_password: str | None = Field(default=None, repr=False)  # SLUICE_REDIS_PASSWORD (or in the URL)
+    redis_password_file: Path | None = None  # ... or its first line; the ACL user goes in the URL
+    redis_ca_file: Path | None = None  # CA bundle that verifies a rediss:// server (default: the system's)
     routing_policy: str = DEFAULT_POLICY
     max_running: int = Field(default=AdmissionConfig().max_running, ge=1)  # admitted requests per model
     max_queued: int = Field(default=AdmissionConfig().max_queued, ge=0)  # waiting requests per model before 503
@@ -46,6 +51,14 @@ class Settings(BaseSettings):
     max_body_bytes: int = Field(default=8 * 1024 * 1024, ge=1024)  # raw and inflated
     max_inflight_requests: int = Field(default=1024, ge=1)  # concurrent HTTP requests before 503
     header_timeout_s: float = Field(default=10.0, gt=0.0)  # a client's time to send its request headers
+    # Request line + header bytes, and header fields, beyond which the protocol layer answers 431
+    # (Envoy's defaults: 60 KiB, 100 headers; Apache's LimitRequestFields is 100 too).
+    max_header_bytes: int = Field(default=64 * 1024, ge=1024)
+    max_header_count: int = Field(default=100, ge=8)
+    # Connections with no request in progress (gateway.http.connections): beyond either bound the
+    # oldest idle one is closed. Split between `--frontends`; the total also stays under half the fd limit.
+    max_idle_connections_per_client: int = Field(default=256, ge=1)
+    max_idle_connections: int = Field(default=4096, ge=1)
     body_timeout_s: float = Field(default=30.0, gt=0.0)  # ... and its body
     sse_ping_s: float = Field(default=5.0, gt=0.0)
     # On SIGTERM: how long in-flight requests may run on while new ones get 503.
@@ -59,17 +72,26 @@ class Settings(BaseSettings):
     max_stream_buffer_bytes: int = Field(default=1024 * 1024, ge=4096)
     engine_max_batch_size: int = Field(default=32, ge=1)
     template_timeout_s: float = Field(default=5.0, gt=0.0)  # one chat-template render, off the event loop
-    template_threads: int = Field(default=4, ge=1, le=64)  # renders at once; beyond it 503
+    template_threads: int = Field(default=4, ge=1, le=64)  # renders and tokenizations at once; beyond it 503
+    # Client text of one request (prompts, messages, text_input, embedding inputs), in characters, before it is
+    # tokenized off the event loop; more is refused with 400. None: --max-body-bytes (gRPC's text_input too).
+    max_prompt_chars: int | None = Field(default=None, ge=1)
     allow_client_chat_templates: bool = False  # a template is code the server runs
     served_llms: tuple[str, ...] = ()  # restrict which LLMs of the repository to load (empty: all)
     # Access control. Key values come from the environment or files only, never from flags
     # (`ps` shows a command line); repr=False: settings get logged, keys must never be.
     api_keys: str | None = Field(default=None, repr=False)  # SLUICE_API_KEYS, comma-separated
     api_keys_file: Path | None = None  # YAML list of {id, key, rpm, tpm, concurrency}, or one key per line
-    admin_key: str | None = Field(default=None, repr=False)  # SLUICE_ADMIN_KEY: one admin key (workers send it)
+    admin_key: str | None = Field(default=None, repr=False)  # SLUICE_ADMIN_KEY: one admin key (all scopes)
     admin_keys: str | None = Field(default=None, repr=False)  # SLUICE_ADMIN_KEYS, comma-separated
-    admin_keys_file: Path | None = None
-    metrics_require_key: bool = False  # /metrics then needs an API or admin key
+    admin_keys_file: Path | None = None  # entries may list `scopes` (repository, workers, metrics); default all
+    registration_key: str | None = Field(default=None, repr=False)  # SLUICE_REGISTRATION_KEY: `workers` scope only
+    registration_key_file: Path | None = None  # ... or keys in a file (several: rotation)
+    # The key this gateway sends every worker (static, from a file, registered or discovered), as
+    # `Authorization: Bearer`: SLUICE_WORKER_KEY, or the first line of --worker-key-file.
+    worker_key: str | None = Field(default=None, repr=False)
+    worker_key_file: Path | None = None
+    metrics_require_key: bool = False  # /metrics then needs an admin key with the `metrics` scope
     metrics_port: int | None = Field(default=None, ge=0, le=65535)  # /metrics on a port of its own too
     otlp_endpoint: str | None = None  # OTLP/HTTP traces endpoint, e.g. http://collector:4318/v1/traces
     forwarded_allow_ips: str = ""  # proxies whose X-Forwarded-For/-Proto uvicorn applies (comma-separated)
@@ -84,6 +106,8 @@ class Settings(BaseSettings):
     classic_max_queue_size: int = Field(default=ClassicLimits().max_queue_size, ge=1)  # per level, if config sets none
     classic_max_tensor_elements: int = Field(default=ClassicLimits().max_tensor_elements, ge=1)
     classic_execute_timeout_s: float = Field(default=ClassicLimits().execute_timeout_s, ge=0.0, allow_inf_nan=False)
+    # Run every python model in its own process as this unprivileged user (the server must run as root).
+    python_model_user: str | None = None
     grpc_max_message_bytes: int = Field(default=64 * 1024 * 1024, ge=1024, le=2**31 - 1)  # each way
     grpc_max_concurrent_rpcs: int = Field(default=1024, ge=1)  # RPCs in progress at once, streams included
     grpc_max_stream_inflight: int = Field(default=128, ge=1)  # requests of one ModelStreamInfer stream
@@ -114,6 +138,9 @@ class Settings(BaseSettings):
         self.router_config()
         if self.redis_url is not None:
             validate_redis_url(self.redis_url)
+            self.redis_options()
+        elif self.redis_password or self.redis_password_file or self.redis_ca_file:
+            raise ValueError("the Redis password and CA options need --redis-url")
         if self.otlp_endpoint is not None and not self.otlp_endpoint.startswith(("http://", "https://")):
             raise ValueError(f"otlp endpoint must be an http:// or https:// URL (OTLP/HTTP), got "
                              f"{self.otlp_endpoint!r}")
@@ -121,6 +148,8 @@ class Settings(BaseSettings):
             parse_discovery(spec)
         if self.k8s_discovery:
             require_client()
+        if self.python_model_user is not None:
+            resolve_user(self.python_model_user)  # unknown, privileged, or the server is not root: refused now
         if self.frontends > 1:
             self._frontends_allowed()
         return self
@@ -139,9 +168,36 @@ class Settings(BaseSettings):
         if why is not None:
             raise ValueError(f"--frontends {self.frontends}: {why}")
 
+    def redis_options(self) -> dict[str, str]:
+        """redis-py options beyond --redis-url: the password (SLUICE_REDIS_PASSWORD or the first line of
+        --redis-password-file) and, for rediss://, the CA. ValueError (never quoting the password)."""
+        url = self.redis_url or ""
+        options: dict[str, str] = {}
+        password = self.redis_password
+        if self.redis_password_file is not None:
+            try:
+                password = (self.redis_password_file.read_text().splitlines() or [""])[0].strip()
+            except OSError as e:
+                raise ValueError(f"cannot read --redis-password-file {self.redis_password_file}: "
+                                 f"{e.strerror}") from None
+        if password:
+            if urlparse(url).password:
+                raise ValueError("the Redis password is given twice: in --redis-url and in SLUICE_REDIS_PASSWORD "
+                                 "or --redis-password-file (keep it out of the URL)")
+            options["password"] = password
+        if self.redis_ca_file is not None:
+            if not url.startswith("rediss://"):
+                raise ValueError("--redis-ca-file verifies a TLS server: use a rediss:// URL")
+            options["ssl_ca_certs"] = str(self.redis_ca_file)
+        return options
+
     def router_config(self) -> RouterConfig:
         # The routing cost has no knobs: it is in seconds and learns its coefficients (docs/routing.md).
-        return RouterConfig(policy=self.routing_policy)
+        return RouterConfig(policy=self.routing_policy, worker_key=self.resolved_worker_key())
+
+    def resolved_worker_key(self) -> str | None:
+        """--worker-key-file over SLUICE_WORKER_KEY; ValueError (not quoting it) for a bad key or file."""
+        return read_worker_key(self.worker_key_file, self.worker_key)
 
     def forwarded_ips(self) -> list[str]:
         return _csv(self.forwarded_allow_ips)
@@ -149,12 +205,15 @@ class Settings(BaseSettings):
     def cors_origins(self) -> list[str]:
         return _csv(self.cors_allow_origins)
 
+    def prompt_char_limit(self) -> int:
+        return self.max_body_bytes if self.max_prompt_chars is None else self.max_prompt_chars
+
     def admission(self) -> AdmissionConfig:
         return AdmissionConfig(self.max_running, self.max_queued)
 
     def classic_limits(self) -> ClassicLimits:
         return ClassicLimits(self.classic_max_queue_size, self.classic_max_tensor_elements,
-                             self.classic_execute_timeout_s)
+                             self.classic_execute_timeout_s, self.python_model_user)
 
     def static_worker_records(self) -> list[WorkerRecord]:
         """The workers named by `--worker [NAME=]URL` (named worker-<index> by default) and `--workers-file`."""

@@ -1,6 +1,9 @@
 """Server-sent events shared by the OpenAI and KServe streaming routes.
 
 A stream ends with its protocol's terminator, or with an error event first, never by hanging.
+A client that stops reading never makes the stream wait: the HTTP protocol cuts its connection
+after the write deadline or the buffer bound (gateway.http.flow), which ends the stream as a
+disconnect does.
 `SSEResponse` sends `: ping` comments while nothing else was sent for `ping_s` (queue, prefill),
 and stops the stream when the client disconnects: it closes the event source, which closes the
 engine stream, which aborts the engine request. Per event it does one ASGI send of bytes that
@@ -25,6 +28,9 @@ from engines.errors import SluiceError
 log = logging.getLogger("sluice.sse")
 
 _PING = b": ping\n\n"
+# Offered by Sluice's HTTP protocol (gateway.http.protocol): `begin()` marks the response a stream,
+# whose kernel send buffer is then kept small, so a client that stops reading meets the write bounds.
+STREAM_EXTENSION = "sluice.stream"
 
 
 class SSEResponse(Response):
@@ -46,6 +52,9 @@ class SSEResponse(Response):
         self._sending = False
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        begin = scope.get("extensions", {}).get(STREAM_EXTENSION, {}).get("begin")
+        if begin is not None:
+            begin()
         streaming = asyncio.ensure_future(self._stream(send))
         watchers = [asyncio.ensure_future(_disconnected(receive)), asyncio.ensure_future(self._ping(send))]
         try:

@@ -174,6 +174,8 @@ class RouterConfig:
     accuracy_window: int = 1000
     # The request header whose value is the `session` policy's key; lower case.
     session_header: str = "x-session-id"
+    # Bearer key sent to every worker on health checks, /metrics scrapes and TRT-LLM event polls.
+    worker_key: str | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
@@ -205,6 +207,8 @@ class RedisStateConfig:
     """Routing state shared between gateway replicas through Redis (`router.replicas.redis_state`)."""
 
     url: str = "redis://127.0.0.1:6379/0"
+    password: str | None = field(default=None, repr=False)  # else the URL's own, if any
+    ssl_ca_certs: str | None = None  # CA bundle for a rediss:// server
     prefix: str = "sluice:router"
     replica_id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
     flush_interval_s: float = 0.02

@@ -31,6 +31,9 @@ class ClassicLimits:
     max_tensor_elements: int = 64 * 1024 * 1024
     # Seconds one execute() may run unless the model's config says otherwise; 0: no limit.
     execute_timeout_s: float = 300.0
+    # Not a bound, but handed to every model version the same way: with a user, every python model runs
+    # in its own process as that user (--python-model-user; checked at start-up by the settings).
+    python_model_user: str | None = None
 
     def __post_init__(self) -> None:
         if self.max_queue_size < 1:
@@ -99,12 +102,18 @@ def execute_timeout_s(config: ModelConfig, limits: ClassicLimits, source: str) -
     return value
 
 
-def isolation(config: ModelConfig, source: str) -> str:
-    """'process' when the model asks to run each instance in its own process, else 'none'."""
+def isolation(config: ModelConfig, source: str, model_user: str | None = None) -> str:
+    """'process' when the model asks to run each instance in its own process, or is a python model and the
+    server runs python models as `model_user`; else 'none'."""
     mode = _param(config, ISOLATION_PARAM) or "none"
     if mode not in ISOLATION_MODES:
         raise ConfigError(f"{source}: field 'parameters.{ISOLATION_PARAM}': must be one of "
                           f"{list(ISOLATION_MODES)}, got '{mode}'")
+    if model_user is not None and config.backend == "python":
+        if _param(config, ISOLATION_PARAM) == "none":
+            raise ConfigError(f"{source}: field 'parameters.{ISOLATION_PARAM}': 'none' is refused while "
+                              f"--python-model-user is set: python models run in their own process, as that user")
+        return "process"
     if mode == "process" and config.backend != "python":
         raise ConfigError(f"{source}: field 'parameters.{ISOLATION_PARAM}': process isolation applies to "
                           f"python models only, not backend '{config.backend}'")

@@ -51,10 +51,11 @@ class ModelVersion:
             return cls(config, version_dir.name, None, EnsembleRunner(config, host), stats, limits)
         source = str(version_dir.parent / "config.pbtxt")
         limit_s = execute_timeout_s(config, limits, source)
-        isolated = isolation(config, source) == "process"
+        isolated = isolation(config, source, limits.python_model_user) == "process"
 
         def factory(index: int) -> Backend:
-            return create_instance(config, version_dir, index, host, limit_s if isolated else None)
+            return create_instance(config, version_dir, index, host, limit_s if isolated else None,
+                                   limits.python_model_user)
 
         pool = InstancePool(config.name, factory, limit_s, on_change=lambda: None)
         await pool.start(instance_count(config))

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import re
 import tempfile
 from pathlib import Path
@@ -19,11 +20,20 @@ import httpx
 
 from engines.launchers import registration, trtllm, vllm
 from engines.launchers.process import EngineProcess, StopSignal
-from engines.launchers.spec import ENGINES, WorkerEnvironment, WorkerSpec, add_worker_arguments, spec_from_args
+from engines.launchers.spec import (
+    ENGINES,
+    WorkerEnvironment,
+    WorkerSpec,
+    add_worker_arguments,
+    spec_from_args,
+    warn_exposure,
+    worker_key_from_args,
+)
 
 log = logging.getLogger(__name__)
 
-__all__ = ["ENGINES", "WorkerEnvironment", "WorkerSpec", "add_worker_arguments", "run_worker", "spec_from_args"]
+__all__ = ["ENGINES", "WorkerEnvironment", "WorkerSpec", "add_worker_arguments", "run_worker", "spec_from_args",
+           "worker_key_from_args"]
 
 _BLOCK_SIZE_RE = re.compile(r'vllm:cache_config_info\{[^}]*block_size="(\d+)"')
 
@@ -31,6 +41,7 @@ _BLOCK_SIZE_RE = re.compile(r'vllm:cache_config_info\{[^}]*block_size="(\d+)"')
 def run_worker(args: argparse.Namespace) -> int:
     """Launch, supervise and (with --gateway) register one worker; see the module docstring."""
     spec = spec_from_args(args, WorkerEnvironment.from_environ())
+    warn_exposure(spec.host, spec.worker_key is not None, f"worker {spec.worker_name}")
     with tempfile.TemporaryDirectory(prefix="sluice-worker-") as scratch, StopSignal() as stop:
         proc = _spawn(spec, Path(scratch))
         if not proc.wait_healthy(f"{spec.url}/health", spec.startup_timeout_s, stop.event):
@@ -42,7 +53,7 @@ def run_worker(args: argparse.Namespace) -> int:
         registered = False
         try:
             if spec.gateway:
-                registration.register(spec.gateway, _record(spec), spec.admin_key)
+                registration.register(spec.gateway, _record(spec), spec.registration_key)
                 registered = True
             while proc.poll() is None and not stop.event.wait(1.0):
                 pass
@@ -52,7 +63,7 @@ def run_worker(args: argparse.Namespace) -> int:
             return 1
         finally:
             if registered and spec.gateway:
-                registration.deregister(spec.gateway, spec.worker_name, spec.admin_key)
+                registration.deregister(spec.gateway, spec.worker_name, spec.registration_key)
         died = proc.poll()
         proc.stop(spec.stop_timeout_s)
         if died is not None:
@@ -64,10 +75,17 @@ def run_worker(args: argparse.Namespace) -> int:
 def _spawn(spec: WorkerSpec, scratch: Path) -> EngineProcess:
     if spec.engine == "vllm":
         python = vllm.resolve_python(spec.python)
-        launch = vllm.build_vllm_launch(spec, python, cpu=vllm.is_cpu_build(python))
+        guard = vllm.install_guard(scratch) if spec.worker_key is not None else None
+        launch = vllm.build_vllm_launch(spec, python, cpu=vllm.is_cpu_build(python), guard_dir=guard)
         return EngineProcess(launch.argv, launch.env)
     options = trtllm.write_options(spec, scratch)
-    return EngineProcess(trtllm.build_trtllm_argv(spec, options))
+    env = None
+    if spec.worker_key is not None:
+        # Not checked against a real trtllm-serve here (no GPU): the stand-in and wrappers read it from the env.
+        log.warning("the worker key reaches trtllm-serve as $SLUICE_WORKER_KEY only: make sure the command "
+                    "enforces it, or keep its port reachable by the gateway alone")
+        env = dict(os.environ, SLUICE_WORKER_KEY=spec.worker_key)
+    return EngineProcess(trtllm.build_trtllm_argv(spec, options), env)
 
 
 def _record(spec: WorkerSpec) -> registration.WorkerRecord:

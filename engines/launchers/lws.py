@@ -9,8 +9,10 @@ discovery selects on; the EndpointSlice controller copies a Service's labels ont
 its slices.
 
 Cluster facts the manifest assumes, named so an operator can change them:
-the Secret `sluice-keys` (key `SLUICE_ADMIN_KEY`), the PersistentVolumeClaim
-`sluice-models` mounted read-only at /models, and for TensorRT-LLM the Secret
+the Secret `sluice-registration` (key `SLUICE_REGISTRATION_KEY`: the gateway's registration
+key, which opens worker registration and nothing else), the PersistentVolumeClaim
+`sluice-models` mounted read-only at /models, the Secret `sluice-worker-key` (key
+`SLUICE_WORKER_KEY`: the key the leader's HTTP server requires and the gateway sends), and for TensorRT-LLM the Secret
 `sluice-mpi-ssh` (an SSH key pair and its authorized_keys) at /root/.ssh.
 """
 
@@ -109,9 +111,12 @@ def _pod_template(plan: LaunchPlan, role: str) -> Obj:
 def _env(plan: LaunchPlan, role: str) -> list[Obj]:
     env: list[Obj] = [{"name": "SLUICE_ADVERTISE_HOST", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
                       {"name": "SLUICE_WORKER_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}]
+    if role == "leader":  # the node that serves HTTP: every route but /health and /metrics needs the key
+        env.append({"name": "SLUICE_WORKER_KEY", "valueFrom": {"secretKeyRef": {
+            "name": "sluice-worker-key", "key": "SLUICE_WORKER_KEY"}}})
     if role == "leader" and plan.gateway is not None:
-        env.append({"name": "SLUICE_ADMIN_KEY",
-                    "valueFrom": {"secretKeyRef": {"name": "sluice-keys", "key": "SLUICE_ADMIN_KEY"}}})
+        env.append({"name": "SLUICE_REGISTRATION_KEY", "valueFrom": {"secretKeyRef": {
+            "name": "sluice-registration", "key": "SLUICE_REGISTRATION_KEY"}}})
     return env
 
 

@@ -2,7 +2,8 @@
 
 Routes (implemented by the gateway): ``POST {gateway}/v1/admin/workers`` with the
 JSON below, and ``DELETE {gateway}/v1/admin/workers/{name}``. The caller passes the
-bearer token, an admin key of that gateway (``$SLUICE_ADMIN_KEY``), or None for none.
+bearer token, the gateway's registration key (``$SLUICE_REGISTRATION_KEY``: the
+``workers`` scope alone, never a full admin key), or None for none.
 """
 
 from __future__ import annotations
@@ -17,8 +18,8 @@ from pydantic import BaseModel, ConfigDict, Field
 log = logging.getLogger(__name__)
 
 
-def _headers(admin_key: str | None) -> dict[str, str]:
-    return {"Authorization": f"Bearer {admin_key}"} if admin_key else {}
+def _headers(key: str | None) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"} if key else {}
 
 
 # Which engines a worker may declare; the gateway maps each to a client dialect.
@@ -49,14 +50,14 @@ class WorkerRecord(BaseModel):
     tokenizer: _Text | None = None
 
 
-def register(gateway: str, record: WorkerRecord, admin_key: str | None, attempts: int = 10,
+def register(gateway: str, record: WorkerRecord, key: str | None, attempts: int = 10,
              delay_s: float = 1.0) -> None:
     """POST the record; retries while the gateway is unreachable or 5xx, raises RuntimeError after."""
     url = gateway.rstrip("/") + "/v1/admin/workers"
     last = "no attempt"
     for attempt in range(attempts):
         try:
-            response = httpx.post(url, json=record.model_dump(mode="json"), headers=_headers(admin_key), timeout=10.0)
+            response = httpx.post(url, json=record.model_dump(mode="json"), headers=_headers(key), timeout=10.0)
             if response.status_code < 300:
                 log.info("registered worker %s with %s", record.name, gateway)
                 return
@@ -70,11 +71,11 @@ def register(gateway: str, record: WorkerRecord, admin_key: str | None, attempts
     raise RuntimeError(f"could not register worker {record.name} with {gateway}: {last}")
 
 
-def deregister(gateway: str, name: str, admin_key: str | None) -> None:
+def deregister(gateway: str, name: str, key: str | None) -> None:
     """DELETE the worker; failures are logged, never raised (we are shutting down anyway)."""
     url = gateway.rstrip("/") + f"/v1/admin/workers/{name}"
     try:
-        response = httpx.delete(url, headers=_headers(admin_key), timeout=10.0)
+        response = httpx.delete(url, headers=_headers(key), timeout=10.0)
         if response.status_code >= 300 and response.status_code != 404:
             log.warning("deregistering %s: HTTP %d", name, response.status_code)
     except httpx.HTTPError as exc:

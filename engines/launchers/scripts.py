@@ -66,17 +66,19 @@ def _sluice_worker(plan: LaunchPlan, extra: tuple[str, ...] = ()) -> str:
     lay = plan.layout
     argv = ["sluice", "worker", "--engine", plan.engine, "--model", plan.model,
             "--served-model-name", plan.served_model_name, "--tensor-parallel-size", str(lay.tp),
-            "--pipeline-parallel-size", str(lay.pp), "--host", "0.0.0.0", "--port", str(WORKER_PORT)]
+            "--pipeline-parallel-size", str(lay.pp), "--port", str(WORKER_PORT)]
     if plan.max_model_len is not None:
         argv += ["--max-model-len", str(plan.max_model_len)]
     engine_args = (*extra, *plan.engine_args)
     tail = (" -- " + " ".join(shlex.quote(a) for a in engine_args)) if engine_args else ""
     gateway = shlex.quote(plan.gateway or "")
-    return ("# Registers with the gateway as a single-node worker does (SLUICE_GATEWAY= to skip).\n"
+    return ("# Registers with the gateway as a single-node worker does (SLUICE_GATEWAY= to skip). Every socket\n"
+            "# binds this node's address alone; the worker key comes as $SLUICE_WORKER_KEY.\n"
             f"GATEWAY=${{SLUICE_GATEWAY-{gateway}}}\n"
             'register=(); if [ -n "$GATEWAY" ]; then register=(--gateway "$GATEWAY"); fi\n'
             f"exec {' '.join(shlex.quote(a) for a in argv)} \\\n"
-            '  --advertise-host "$HOST_IP" --name "${SLUICE_WORKER_NAME:-$(hostname)}" "${register[@]}"'
+            '  --host "$HOST_IP" --advertise-host "$HOST_IP" '
+            '--name "${SLUICE_WORKER_NAME:-$(hostname)}" "${register[@]}"'
             f"{tail}\n")
 
 

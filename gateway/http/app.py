@@ -13,6 +13,7 @@ from engines.classic.manager import ModelRepositoryManager
 from gateway import __version__
 from gateway.app_state import AppState
 from gateway.cpu_pool import Renderer
+from gateway.discovery.attest import Attestations
 from gateway.http import error_handlers as errors
 from gateway.http import startup
 from gateway.http.middleware import BodyLimitMiddleware, DrainMiddleware, SluiceMiddleware
@@ -28,6 +29,7 @@ from gateway.openai import chat, completions, embeddings, models
 from gateway.routes import admin, openapi, ops, ui
 from gateway.security.guard import build_security
 from gateway.security.http import AccessMiddleware
+from gateway.security.tenancy import CacheNamespaces
 from gateway.settings import Settings
 from router import Router
 
@@ -41,20 +43,26 @@ def build_state(settings: Settings) -> AppState:
     metrics = LLMMetrics(registry)
     security = build_security(settings, registry)
     llm = LLMService(metrics, settings.admission(), settings.max_fanout, tokens=security.quotas,
-                     tracing=Tracing(settings.otlp_endpoint, __version__))
+                     tracing=Tracing(settings.otlp_endpoint, __version__),
+                     salt_for=CacheNamespaces.of(security.api.principals()).salt)
     registry.register(EngineStatsCollector(llm.engine_stats))
     shared = None
     if settings.redis_url:
         from router.replicas.redis_state import RedisSharedState, RedisStateConfig
 
-        shared = RedisSharedState(RedisStateConfig(url=settings.redis_url))
+        options = settings.redis_options()
+        shared = RedisSharedState(RedisStateConfig(url=settings.redis_url, password=options.get("password"),
+                                                   ssl_ca_certs=options.get("ssl_ca_certs")))
     # The router and worker pool exist in every gateway, so workers can register at any time.
     router = Router(settings.router_config(), registry, shared)
-    renderer = Renderer(settings.template_timeout_s, settings.template_threads, settings.allow_client_chat_templates)
+    renderer = Renderer(settings.template_timeout_s, settings.template_threads, settings.allow_client_chat_templates,
+                        max_prompt_chars=settings.prompt_char_limit())
     state = AppState(settings=settings, registry=registry, metrics=metrics, llm=llm, router=router,
                      workers=WorkerPool(llm.registry, router, settings.model_repository,
-                                        stall_timeout_s=settings.worker_stall_timeout_s),
-                     renderer=renderer, security=security)
+                                        stall_timeout_s=settings.worker_stall_timeout_s,
+                                        worker_key=settings.resolved_worker_key()),
+                     renderer=renderer, security=security,
+                     attestations=Attestations(settings.redis_url, settings.redis_options()))
     if settings.model_repository is not None:
         state.classic = ModelRepositoryManager(settings.model_repository, control_mode=settings.model_control_mode,
                                                startup_models=list(settings.load_models),
@@ -92,9 +100,9 @@ def create_app(settings: Settings, llm_specs: list[LLMSpec] | None = None) -> Fa
     # cannot make the server read or inflate a body; then KServe infer, which answers its own
     # route without FastAPI's router.
     if state.classic is not None:  # innermost: after every check below, before FastAPI's router
-        app.add_middleware(KServeInferRoute, manager=state.classic, llms=state.llm.registry)
+        app.add_middleware(KServeInferRoute, manager=state.classic, llms=state.llm.registry, pool=state.renderer)
     app.add_middleware(BodyLimitMiddleware, max_body_bytes=settings.max_body_bytes,
-                       body_timeout_s=settings.body_timeout_s)
+                       body_timeout_s=settings.body_timeout_s, pool=state.renderer)
     app.add_middleware(AccessMiddleware, security=state.security, render=errors.error_bytes)
     if state.security.cors_allow_origins:
         app.add_middleware(CORSMiddleware, allow_origins=state.security.cors_allow_origins, allow_methods=["*"],

@@ -41,6 +41,13 @@ def error_bytes(path: str, exc: SluiceError) -> tuple[int, bytes, dict[str, str]
     return status, json.dumps(body).encode(), headers
 
 
+def status_error_bytes(path: str, status: int, message: str, code: str | None = None) -> bytes:
+    """The JSON error body of a bare HTTP status (the protocol layer's 431) on the route at `path`."""
+    if is_kserve(path):
+        return ErrorReply(status, message).body_bytes()
+    return json.dumps(OpenAIError.of_status(status, message, code=code).body()).encode()
+
+
 def respond(request: Request, exc: SluiceError) -> JSONResponse:
     status, body, headers = error_json(request.url.path, exc)
     return JSONResponse(body, status_code=status, headers=headers)
@@ -52,6 +59,10 @@ async def _domain(request: Request, exc: Exception) -> JSONResponse:
 
 
 def _describe(errors: list[Any]) -> tuple[str, str | None]:
+    unknown = next((e for e in errors if e.get("type") == "extra_forbidden"), None)
+    if unknown is not None:  # OpenAI's words for a field it does not know
+        name = ".".join(str(p) for p in unknown.get("loc", ()) if p != "body")[:128]  # a client's name: bounded
+        return f"Unrecognized request argument supplied: {name}", name
     first = errors[0] if errors else {}
     if first.get("type") == "json_invalid":
         return "The request body is not valid JSON: " + str(first.get("ctx", {}).get("error", "")), None

@@ -16,7 +16,7 @@ import logging
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry
 
-from engines.errors import SluiceError
+from engines.errors import ErrorKind, SluiceError
 from gateway.frontends.channel import Peers, exposition
 from gateway.security.access import Access
 from gateway.security.guard import Security
@@ -86,6 +86,8 @@ class MetricsServer:
         try:
             self._security.authenticate(Access.METRICS, token, local=False)
         except SluiceError as e:
+            if e.kind is ErrorKind.PERMISSION_DENIED:  # a key without the metrics scope
+                return "403 Forbidden", {"Content-Type": "text/plain"}, (e.message + "\n").encode()
             return "401 Unauthorized", {"WWW-Authenticate": "Bearer", "Content-Type": "text/plain"}, \
                 (e.message + "\n").encode()
         return "200 OK", {"Content-Type": CONTENT_TYPE_LATEST}, b"" if method == "HEAD" else None

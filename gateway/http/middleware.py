@@ -8,9 +8,11 @@ import logging
 import secrets
 import time
 from collections.abc import Awaitable, Callable
+from functools import partial
 from typing import Any
 
 from engines.errors import ErrorKind, SluiceError
+from gateway.cpu_pool import INLINE_JSON_BYTES, Renderer
 from gateway.drain import Drain, shutting_down
 from gateway.http.error_handlers import error_bytes
 from gateway.limits import BodyTooLarge, check_json_depth, read_body
@@ -126,10 +128,12 @@ class BodyLimitMiddleware:
     deflate bodies are inflated within the same bound), within `body_timeout_s`, and refuses
     JSON nested too deep (400). The app then reads the checked body as if it had been sent plain."""
 
-    def __init__(self, app: ASGIApp, max_body_bytes: int, body_timeout_s: float = 30.0) -> None:
+    def __init__(self, app: ASGIApp, max_body_bytes: int, body_timeout_s: float = 30.0,
+                 pool: Renderer | None = None) -> None:
         self.app = app
         self.max_body_bytes = max_body_bytes
         self.body_timeout_s = body_timeout_s
+        self.pool = pool  # checks a large body's depth off the event loop (seconds for 8 MiB of brackets)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -156,7 +160,10 @@ class BodyLimitMiddleware:
             raise SluiceError(f"The request body did not arrive within {self.body_timeout_s:g} s.",
                               ErrorKind.INVALID_ARG) from None
         if "json" in (_header(scope, b"content-type") or ""):
-            check_json_depth(body)
+            if self.pool is not None and len(body) > INLINE_JSON_BYTES:
+                await self.pool.run(partial(check_json_depth, body), deadline=False)
+            else:
+                check_json_depth(body)
         if encoding.strip().lower() not in ("", "identity"):
             # The app sees the inflated body as if it had been sent plain.
             kept = [(k, v) for k, v in scope.get("headers", []) if k.lower() not in

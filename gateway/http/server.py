@@ -25,7 +25,8 @@ from gateway.app_state import AppState
 from gateway.drain import shutting_down
 from gateway.frontends.supervisor import STARTUP_FAILED, frontend_env
 from gateway.http.app import create_app
-from gateway.http.protocol import protocol_with_header_timeout
+from gateway.http.connections import ConnectionLimits, per_process, raise_fd_limit
+from gateway.http.protocol import build_protocol
 from gateway.llm.local import LLMSpec
 from gateway.settings import Settings
 
@@ -41,16 +42,16 @@ def run(settings: Settings, llm_specs: list[LLMSpec] | None = None) -> int:
     app = create_app(settings, llm_specs)
     # uvicorn's own access log prints query strings; ours logs sizes only.
     # uvicorn trusts X-Forwarded-For from 127.0.0.1 (or $FORWARDED_ALLOW_IPS) unless told otherwise:
-    # here only the proxies named by --forwarded-allow-ips are trusted, none by default. Its
-    # connection bound is a backstop above the middleware's request bound, which answers in the
-    # route's protocol.
+    # here only the proxies named by --forwarded-allow-ips are trusted, none by default. No
+    # `limit_concurrency`: it counts open connections, so idle sockets would take requests' places.
+    # Requests are bounded by the middleware (503 in the route's protocol), idle connections and
+    # headers by the protocol (gateway.http.protocol). No WebSocket: no route speaks it.
     trusted = settings.forwarded_ips()
     config = uvicorn.Config(app, host=settings.host, port=settings.http_port, log_level=level, access_log=False,
                             timeout_graceful_shutdown=10, proxy_headers=bool(trusted),
-                            forwarded_allow_ips=trusted or None,
-                            http=protocol_with_header_timeout(settings.header_timeout_s),
-                            limit_concurrency=2 * settings.max_inflight_requests, timeout_keep_alive=5,
-                            log_config=logs.uvicorn_log_config(settings.log_format))
+                            forwarded_allow_ips=trusted or None, ws="none",
+                            http=build_protocol(connection_limits(settings), app.state.sluice.registry),
+                            timeout_keep_alive=5, log_config=logs.uvicorn_log_config(settings.log_format))
     frontend = frontend_env() is not None
     server = DrainingServer(config, app.state.sluice, settings.drain_timeout_s, frontend)
     try:
@@ -64,6 +65,14 @@ def run(settings: Settings, llm_specs: list[LLMSpec] | None = None) -> int:
             return 0
         return STARTUP_FAILED if e.code == STARTUP_FAILED else 1
     return 0
+
+
+def connection_limits(settings: Settings) -> ConnectionLimits:
+    """This process's connection bounds: its share under `--frontends N`, within its fd limit."""
+    limits = ConnectionLimits(settings.header_timeout_s, settings.max_header_bytes, settings.max_header_count,
+                              settings.max_idle_connections_per_client, settings.max_idle_connections,
+                              settings.stream_write_timeout_s, settings.max_stream_buffer_bytes)
+    return per_process(limits, settings.frontends, raise_fd_limit())
 
 
 def shared_socket(host: str, port: int) -> socket.socket:

@@ -29,7 +29,7 @@ from gateway.frontends.channel import Peers
 from gateway.frontends.supervisor import frontend_env, local_llms_refused, mark_ready
 from gateway.http.metrics_port import MetricsServer
 from gateway.llm.local import LLMSpec, specs_from_configs, start_local_llm, stop_local_engines
-from gateway.llm.workers.probe import discover_kv_events
+from gateway.llm.workers.probe import KEY_REFUSED
 
 log = logging.getLogger("sluice.startup")
 _STATIC_WORKER_DEADLINE_S = 900.0  # workers listed at start may still be loading their engine
@@ -90,20 +90,23 @@ async def _start_frontend(state: AppState, frontend: tuple[int, Path], llm_specs
 
 async def _shutdown(state: AppState, discovery: K8sDiscovery | None, grpc_server: Any,
                     metrics_server: MetricsServer | None) -> None:
+    if grpc_server is not None:
+        # First, while the workers still answer. After a drain (gateway.http.server) its calls have ended
+        # or passed the deadline; the grace is for a stop without one.
+        await grpc_server.stop(grace=2)
     if discovery is not None:
         await discovery.stop()
     s = state.settings
     if s.register_with and state.ready:
-        await asyncio.to_thread(deregister, s.register_with, s.worker_name or "", s.admin_key)
+        await asyncio.to_thread(deregister, s.register_with, s.worker_name or "", s.registration_key)
     await state.workers.stop()
     await state.router.stop()
-    if grpc_server is not None:
-        await grpc_server.stop(grace=2)
     if state.classic is not None:
         await state.classic.stop()
     await stop_local_engines(state.llm.registry)
     state.renderer.close()
     await state.security.quotas.stop()
+    await state.attestations.close()
     if metrics_server is not None:
         await metrics_server.stop()
     if state.peers is not None:
@@ -171,7 +174,10 @@ def _refuse_llms_in_frontends(state: AppState) -> None:
 
 def _discovery(state: AppState) -> K8sDiscovery | None:
     specs = [parse_discovery(spec) for spec in state.settings.k8s_discovery]
-    return K8sDiscovery(specs, state.workers) if specs else None
+    if specs and not any("workers" in p.scopes for p in state.security.admin.principals()):
+        raise SluiceError("--k8s-discovery admits only workers that register with the registration key: set "
+                          "SLUICE_REGISTRATION_KEY or --registration-key-file (the key worker pods hold)")
+    return K8sDiscovery(specs, state.workers, state.attestations) if specs else None
 
 
 async def _start_grpc(state: AppState) -> Any:
@@ -182,7 +188,7 @@ async def _start_grpc(state: AppState) -> Any:
     from gateway.kserve.grpc_limits import GrpcLimits
 
     return await start_grpc_server(state.classic, state.llm, s.host, s.grpc_port, GrpcLimits.from_settings(s),
-                                   state.security, state.peers)
+                                   state.security, state.peers, state.renderer, drain=state.drain)
 
 
 async def _start_metrics_server(state: AppState) -> MetricsServer | None:
@@ -217,10 +223,10 @@ async def _add_static_workers(state: AppState) -> None:
     for record in records:
         while True:
             try:
-                await state.workers.add(await discover_kv_events(record))
+                await state.workers.add(record)
                 break
             except SluiceError as e:
-                if loop.time() > end:
+                if loop.time() > end or e.code == KEY_REFUSED:  # a refused key will not start to work
                     raise
                 log.info("waiting for worker %s: %s", record.name, e.message)
                 await asyncio.sleep(1.0)
@@ -234,4 +240,4 @@ async def _register_self(state: AppState) -> None:
     record = WorkerRecord(name=s.worker_name or f"transformers-{s.http_port}",
                           url=s.advertise_url or f"http://{host}:{s.http_port}",
                           models=tuple(state.llm.registry.names()), engine="transformers")
-    await asyncio.to_thread(register, s.register_with, record, s.admin_key)
+    await asyncio.to_thread(register, s.register_with, record, s.registration_key)

@@ -12,13 +12,16 @@ from __future__ import annotations
 import uuid
 from collections.abc import AsyncGenerator
 from contextlib import aclosing
+from functools import partial
 from typing import Any
 
 from engines.base import Delta
 from engines.errors import ErrorKind, SluiceError, invalid
+from gateway.cpu_pool import Renderer
 from gateway.kserve.errors import error_body
 from gateway.kserve.params import parse_params
 from gateway.llm.dispatch import Dispatch
+from gateway.llm.registry import LLMModel
 from gateway.llm.service import GenerateCall, LLMService, Prompt
 from gateway.sse import SSEResponse, relay
 
@@ -37,17 +40,31 @@ def parse_body(body: dict[str, Any]) -> tuple[str, dict[str, Any]]:
     return prompt, {**extra, **params}
 
 
-async def start(llm: LLMService, name: str, prompt: str, raw_params: dict[str, Any],
+async def start(llm: LLMService, pool: Renderer, name: str, prompt: str | bytes, raw_params: dict[str, Any],
                 key_id: str | None = None) -> Dispatch:
-    """Tokenize, validate and dispatch one generate request (domain errors only); `key_id`'s
-    token quota is charged."""
+    """Tokenize (off the event loop, within the pool's size bound), validate and dispatch one generate
+    request (domain errors only); `key_id`'s token quota is charged. A gRPC `text_input` comes as UTF-8
+    bytes: at least a quarter as many characters, so a larger one is refused before it is decoded."""
     model = llm.get(name)
     params = parse_params(raw_params)
-    ids = model.tokenizer.encode(prompt)
+    if isinstance(prompt, bytes) and len(prompt) > 4 * pool.max_prompt_chars:  # UTF-8: 1 to 4 bytes a character
+        raise invalid(f"'text_input' has {len(prompt)} bytes; this server accepts at most {pool.max_prompt_chars} "
+                      "characters", param="text_input")
+    chars = len(prompt) if isinstance(prompt, str) else 0  # bytes: counted once decoded, off the loop
+    tokenized = await pool.tokenize(partial(_tokenize, model, prompt, pool.max_prompt_chars), chars, "text_input",
+                                    work=len(prompt))
+    return await llm.dispatch(GenerateCall(model, [tokenized], params, f"gen-{uuid.uuid4().hex}", key_id=key_id))
+
+
+def _tokenize(model: LLMModel, prompt: str | bytes, max_chars: int) -> Prompt:
+    text = prompt if isinstance(prompt, str) else prompt.decode("utf-8", errors="replace")
+    if len(text) > max_chars:
+        raise invalid(f"'text_input' has {len(text)} characters; this server accepts at most {max_chars}",
+                      param="text_input")
+    ids = model.tokenizer.encode(text)
     if not ids:
         raise invalid("'text_input' is empty after tokenization", param="text_input")
-    return await llm.dispatch(GenerateCall(model, [Prompt(ids, prompt)], params, f"gen-{uuid.uuid4().hex}",
-                                           key_id=key_id))
+    return Prompt(ids, text)
 
 
 async def text_deltas(d: Dispatch) -> AsyncGenerator[Delta, None]:
@@ -59,9 +76,9 @@ async def text_deltas(d: Dispatch) -> AsyncGenerator[Delta, None]:
             yield delta
 
 
-async def generate_once(llm: LLMService, name: str, version: str, body: dict[str, Any],
+async def generate_once(llm: LLMService, pool: Renderer, name: str, version: str, body: dict[str, Any],
                         key_id: str | None = None) -> dict[str, Any]:
-    d = await start(llm, name, *parse_body(body), key_id=key_id)
+    d = await start(llm, pool, name, *parse_body(body), key_id=key_id)
     try:
         text = [delta.text async for delta in text_deltas(d)]
     finally:
@@ -69,9 +86,9 @@ async def generate_once(llm: LLMService, name: str, version: str, body: dict[str
     return {"model_name": name, "model_version": version or "1", "text_output": "".join(text)}
 
 
-async def generate_sse(llm: LLMService, name: str, version: str, body: dict[str, Any],
+async def generate_sse(llm: LLMService, pool: Renderer, name: str, version: str, body: dict[str, Any],
                        key_id: str | None = None) -> SSEResponse:
-    d = await start(llm, name, *parse_body(body), key_id=key_id)
+    d = await start(llm, pool, name, *parse_body(body), key_id=key_id)
     stream = text_deltas(d)
     try:
         # Pull the first delta before answering, so an engine's refusal gets a status code.

@@ -4,19 +4,19 @@
 server; the caller stops it. Errors abort the call with the gRPC code matching
 Triton's (INVALID_ARGUMENT, NOT_FOUND, UNAVAILABLE, INTERNAL, RESOURCE_EXHAUSTED).
 For LLM models, ModelInfer/ModelStreamInfer take a BYTES `text_input` and answer
-`text_output` (the stream sends one response per delta). With a `Security`, every
-call passes its access interceptor first (`gateway.security.grpc`), and each request
-on a ModelStreamInfer stream counts against its key's requests per minute.
+`text_output` (the stream sends one response per delta). Every call passes the call
+gate first (`gateway.kserve.grpc_gate`: drain, key and quotas, RPC slot, before any message
+is read), and each request on a ModelStreamInfer stream counts against its key's requests
+per minute.
 
 Bounds (`GrpcLimits`): the message size each way, the RPCs in progress at once
-(beyond it gRPC answers RESOURCE_EXHAUSTED), and the requests of one
-ModelStreamInfer stream in flight: past that the stream stops reading, so gRPC flow
-control holds the client back; a stream's answers wait in a queue of the same bound.
+(beyond it RESOURCE_EXHAUSTED), the time a unary call's message may take, and per
+ModelStreamInfer stream its requests in flight, its write deadline and the bytes of
+answers it may queue (`gateway.kserve.grpc_stream`).
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import AsyncIterator
 from typing import Any
@@ -31,15 +31,19 @@ from engines.classic.manager import ModelRepositoryManager
 from engines.classic.repository.names import check_model_name
 from engines.classic.request import InferRequest
 from engines.errors import ErrorKind, SluiceError
+from gateway.cpu_pool import Renderer
+from gateway.drain import Drain
 from gateway.frontends import channel
 from gateway.frontends.channel import Peers
 from gateway.kserve import generate, infer_grpc, views
 from gateway.kserve.errors import grpc_status
+from gateway.kserve.grpc_gate import CallGate
 from gateway.kserve.grpc_limits import GrpcLimits
+from gateway.kserve.grpc_stream import Outbox, error_response, serve_stream
 from gateway.llm.dispatch import Dispatch
 from gateway.llm.service import LLMService
 from gateway.security.access import current_key_id
-from gateway.security.grpc import AccessInterceptor
+from gateway.security.grpc import GrpcAccess
 from gateway.security.guard import Security
 from gateway.security.quotas import QuotaService
 
@@ -47,14 +51,18 @@ log = logging.getLogger("sluice.kserve.grpc")
 
 
 async def _abort(context: grpc.aio.ServicerContext, exc: SluiceError) -> None:
-    await context.abort(grpc_status(exc), exc.message)
+    # An overloaded server says when to retry, as HTTP's Retry-After does.
+    retry = () if exc.retry_after_s is None else (("retry-after", str(max(1, round(exc.retry_after_s)))),)
+    await context.abort(grpc_status(exc), exc.message, trailing_metadata=retry)
 
 
 class KServeServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: ignore[misc]
     def __init__(self, manager: ModelRepositoryManager, llm_service: LLMService,
                  limits: GrpcLimits | None = None, quotas: QuotaService | None = None,
-                 peers: Peers | None = None) -> None:
+                 peers: Peers | None = None, pool: Renderer | None = None, drain: Drain | None = None) -> None:
         self.m = manager
+        self.drain = drain or Drain()  # SIGTERM's: ServerReady turns false, streams take no new requests
+        self.pool = pool or Renderer()  # tokenization of text_input, off the event loop
         self.peers = peers  # sibling frontends of `--frontends N`, asked for statistics
         self.llm = llm_service
         self.llms = llm_service.registry  # what the views read of the LLM path
@@ -74,7 +82,7 @@ class KServeServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: ig
         return pb.ServerLiveResponse(live=True)
 
     async def ServerReady(self, request: pb.ServerReadyRequest, context: Any) -> pb.ServerReadyResponse:
-        return pb.ServerReadyResponse(ready=self.m.ready())
+        return pb.ServerReadyResponse(ready=self.m.ready() and not self.drain.draining)
 
     async def ModelReady(self, request: pb.ModelReadyRequest, context: Any) -> pb.ModelReadyResponse:
         async def run() -> pb.ModelReadyResponse:
@@ -154,8 +162,8 @@ class KServeServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: ig
         if prompt is None or prompt.size != 1:
             raise invalid("LLM models take one BYTES 'text_input'")
         params = {k: infer_grpc.param_value(v) for k, v in request.parameters.items()}
-        text = prompt.reshape(-1)[0].decode("utf-8", errors="replace")
-        return await generate.start(self.llm, request.model_name, text, params, current_key_id.get())
+        text = bytes(prompt.reshape(-1)[0])  # decoded and tokenized off the event loop, within the pool's bound
+        return await generate.start(self.llm, self.pool, request.model_name, text, params, current_key_id.get())
 
     async def _llm_text(self, request: pb.ModelInferRequest) -> pb.ModelInferResponse:
         d = await self._llm_start(request)
@@ -171,88 +179,56 @@ class KServeServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: ig
         response.parameters["triton_final_response"].bool_param = final
         return response
 
-    async def ModelStreamInfer(self, request_iterator: AsyncIterator[pb.ModelInferRequest],
-                               context: Any) -> AsyncIterator[pb.ModelStreamInferResponse]:
-        """Requests on one stream run concurrently, at most `max_stream_inflight` (counting those whose answers
-        wait to be sent): the stream reads the next request only when one finishes. Each answer (or error)
-        carries its request id."""
-        bound = self.limits.max_stream_inflight
-        queue: asyncio.Queue[pb.ModelStreamInferResponse | None] = asyncio.Queue(maxsize=bound)
-        slots = asyncio.Semaphore(bound)
-        tasks: set[asyncio.Task[None]] = set()
+    async def ModelStreamInfer(self, request_iterator: AsyncIterator[pb.ModelInferRequest], context: Any) -> None:
+        """Requests on one stream run concurrently, at most `max_stream_inflight`; each answer (or error)
+        carries its request id. Writes are bounded in time and bytes (`gateway.kserve.grpc_stream`)."""
+        await serve_stream(request_iterator, context, self.limits, self.drain, self._stream_one)
 
-        async def one(request: pb.ModelInferRequest) -> None:
-            try:
-                await self._stream_one(request, queue)
-            finally:
-                slots.release()
-
-        async def reader() -> None:
-            requests = aiter(request_iterator)
-            while True:
-                await slots.acquire()
-                request = await anext(requests, None)
-                if request is None:
-                    break
-                task = asyncio.create_task(one(request))
-                tasks.add(task)
-                task.add_done_callback(tasks.discard)
-            while tasks:
-                await asyncio.gather(*list(tasks), return_exceptions=True)
-            await queue.put(None)
-
-        read_task = asyncio.create_task(reader())
-        try:
-            while (item := await queue.get()) is not None:
-                yield item
-        finally:
-            read_task.cancel()
-            for task in list(tasks):
-                task.cancel()
-
-    async def _stream_one(self, request: pb.ModelInferRequest, queue: asyncio.Queue[Any]) -> None:
+    async def _stream_one(self, request: pb.ModelInferRequest, outbox: Outbox) -> None:
         try:
             key_id = current_key_id.get()
             if self.quotas is not None and key_id is not None:
                 lease = await self.quotas.admit(key_id, hold=False)  # the stream holds the slot
                 self.quotas.finish(lease)
             if views.is_llm(self.m, self.llms, check_model_name(request.model_name)):
-                await self._stream_llm(request, queue)
+                await self._stream_llm(request, outbox)
             else:
-                await queue.put(pb.ModelStreamInferResponse(infer_response=await self._classic_infer(request)))
+                await outbox.put(pb.ModelStreamInferResponse(infer_response=await self._classic_infer(request)))
         except SluiceError as exc:
-            await queue.put(pb.ModelStreamInferResponse(error_message=exc.message,
-                                                        infer_response=pb.ModelInferResponse(id=request.id)))
+            outbox.push(error_response(request.id, exc.message))
         except Exception as exc:
             log.exception("stream request failed")
-            await queue.put(pb.ModelStreamInferResponse(error_message=f"internal error: {type(exc).__name__}",
-                                                        infer_response=pb.ModelInferResponse(id=request.id)))
+            outbox.push(error_response(request.id, f"internal error: {type(exc).__name__}"))
 
-    async def _stream_llm(self, request: pb.ModelInferRequest, queue: asyncio.Queue[Any]) -> None:
+    async def _stream_llm(self, request: pb.ModelInferRequest, outbox: Outbox) -> None:
         d = await self._llm_start(request)
         try:
             async for delta in generate.text_deltas(d):
                 response = self._text_response(request, delta.text, final=delta.finish_reason is not None)
-                await queue.put(pb.ModelStreamInferResponse(infer_response=response))
+                outbox.push(pb.ModelStreamInferResponse(infer_response=response))  # the engine never waits
         finally:
             d.close()
 
 
 async def start_grpc_server(manager: ModelRepositoryManager, llm_service: LLMService, host: str, port: int,
                             limits: GrpcLimits | None = None, security: Security | None = None,
-                            peers: Peers | None = None) -> grpc.aio.Server:
-    """Create, bind and start the KServe gRPC server; raises RuntimeError if the port cannot be bound."""
+                            peers: Peers | None = None, pool: Renderer | None = None,
+                            drain: Drain | None = None) -> grpc.aio.Server:
+    """Create, bind and start the KServe gRPC server; raises RuntimeError if the port cannot be bound.
+    `drain` is the app's: gRPC calls count among its requests in flight, and are refused while it drains."""
     limits = limits or GrpcLimits()
-    interceptors = [AccessInterceptor(security, grpc_status)] if security is not None else []
-    server = grpc.aio.server(interceptors=interceptors,
+    drain = drain or Drain()
+    access = GrpcAccess(security, grpc_status) if security is not None else None
+    # No `maximum_concurrent_rpcs`: grpc counts a call from its first header, before any key is seen;
+    # the gate bounds admitted calls instead.
+    server = grpc.aio.server(interceptors=[CallGate(limits, access, drain)],
                              options=[("grpc.max_receive_message_length", limits.max_message_bytes),
                                       ("grpc.max_send_message_length", limits.max_message_bytes),
                                       # Frontends share the port; a single server must not share it
                                       # with a stale one unnoticed (grpc's default is to allow it).
-                                      ("grpc.so_reuseport", 1 if peers is not None else 0)],
-                             maximum_concurrent_rpcs=limits.max_concurrent_rpcs)
+                                      ("grpc.so_reuseport", 1 if peers is not None else 0)])
     servicer = KServeServicer(manager, llm_service, limits, security.quotas if security is not None else None,
-                              peers)
+                              peers, pool, drain)
     service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, server)
     if server.add_insecure_port(f"{host}:{port}") == 0:
         raise RuntimeError(f"cannot bind the gRPC server to {host}:{port}")

@@ -24,6 +24,7 @@ from engines.classic.errors import InferError, invalid
 from engines.classic.manager import ModelRepositoryManager
 from engines.classic.repository.names import check_model_name
 from engines.errors import ErrorKind, SluiceError
+from gateway import json_body
 from gateway.app_state import state_of
 from gateway.frontends import channel
 from gateway.kserve import generate, views
@@ -53,7 +54,12 @@ async def guarded(call: Callable[[], Awaitable[Response] | Response]) -> Respons
 
 
 async def read_json(request: Request) -> dict[str, Any]:
-    body = await request.body()  # the middleware already bounded it and inflated gzip/deflate
+    # The middleware already bounded the body and inflated gzip/deflate; a large one is parsed off the loop.
+    data: dict[str, Any] = await json_body.read_json(request, _json_object)
+    return data
+
+
+def _json_object(body: bytes) -> dict[str, Any]:
     if not body.strip():
         return {}
     try:
@@ -163,13 +169,14 @@ def _model_routes(router: APIRouter, prefix: str, m: ModelRepositoryManager, llm
     async def gen(name: str, request: Request, version: str = "") -> Response:
         async def run() -> Response:
             check_model_name(name)
-            return _json(await generate.generate_once(llm, name, version, await read_json(request),
-                                                      key_id_of(request)))
+            return _json(await generate.generate_once(llm, state_of(request).renderer, name, version,
+                                                      await read_json(request), key_id_of(request)))
         return await guarded(run)
 
     @router.post(prefix + "/generate_stream")
     async def gen_stream(name: str, request: Request, version: str = "") -> Response:
         async def run() -> Response:
             check_model_name(name)
-            return await generate.generate_sse(llm, name, version, await read_json(request), key_id_of(request))
+            return await generate.generate_sse(llm, state_of(request).renderer, name, version, await read_json(request),
+                                               key_id_of(request))
         return await guarded(run)

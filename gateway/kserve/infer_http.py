@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import re
 from dataclasses import dataclass
+from functools import partial
 
 from starlette.datastructures import URL
 from starlette.responses import RedirectResponse
@@ -25,6 +26,7 @@ from engines.classic.manager import ModelRepositoryManager
 from engines.classic.repository.names import check_model_name
 from engines.classic.request import InferRequest
 from engines.errors import ErrorKind, SluiceError
+from gateway.cpu_pool import INLINE_JSON_BYTES, Renderer
 from gateway.kserve import views
 from gateway.kserve.errors import ErrorReply
 from gateway.kserve.http_codec import decode_request, encode_response
@@ -49,10 +51,12 @@ _ROUTES = (RouteTemplate("/v2/models/{name}/infer"), RouteTemplate("/v2/models/{
 class KServeInferRoute:
     """Answers every request on the infer paths; anything else goes on to `app`."""
 
-    def __init__(self, app: ASGIApp, manager: ModelRepositoryManager, llms: LLMModels) -> None:
+    def __init__(self, app: ASGIApp, manager: ModelRepositoryManager, llms: LLMModels,
+                 pool: Renderer | None = None) -> None:
         self.app = app
         self.manager = manager
         self.llms = llms
+        self.pool = pool  # decodes a large JSON body off the event loop
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         path = scope["path"] if scope["type"] == "http" else ""
@@ -93,7 +97,12 @@ class KServeInferRoute:
             if key.lower() == _HEADER_LENGTH:
                 header_length = value.decode("latin-1")
                 break
-        req = decode_request(body, header_length, m.limits.max_tensor_elements)
+        decode = partial(decode_request, body, header_length, m.limits.max_tensor_elements)
+        json_bytes = int(header_length) if header_length is not None and header_length.isdigit() else len(body)
+        if self.pool is not None and min(json_bytes, len(body)) > INLINE_JSON_BYTES:
+            req = await self.pool.run(decode, deadline=False)
+        else:
+            req = decode()
         model = m.get_version(name, version or None)  # the one lookup: it also names the answer's version
         outputs = await model.infer(InferRequest(name, model.version, req.inputs, req.outputs, priority=req.priority,
                                                  timeout_us=req.timeout_us, request_id=req.request_id,

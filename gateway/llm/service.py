@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Literal
@@ -23,6 +24,9 @@ from gateway.llm.params import GenerationParams, check, sampling_for
 from gateway.llm.registry import LLMModel, ModelRegistry
 from gateway.llm.targets import LocalBackend, RouteHints
 from gateway.llm.tracing import Tracing
+
+# (key id, client cache_salt) -> the salt engine requests carry: the tenant's prefix-cache namespace.
+SaltFor = Callable[[str | None, str | None], str | None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,7 +47,7 @@ class GenerateCall:
     # The client's chat body, forwarded to remote workers so their own tool and
     # reasoning parsers apply; the validated sampling parameters are laid over it.
     chat_body: dict[str, Any] | None = None
-    cache_salt: str | None = None
+    cache_salt: str | None = None  # the client's; the service derives the engine's (see LLMService)
     hints: RouteHints = field(default_factory=RouteHints)
     # The public id of the API key the edge authenticated: its token quota is charged.
     # None (no key involved): not metered.
@@ -52,13 +56,16 @@ class GenerateCall:
 
 class LLMService:
     def __init__(self, metrics: LLMMetrics, admission: AdmissionConfig | None = None, max_fanout: int = 128,
-                 tokens: TokenQuota | None = None, tracing: Tracing | None = None) -> None:
+                 tokens: TokenQuota | None = None, tracing: Tracing | None = None,
+                 salt_for: SaltFor | None = None) -> None:
         self.metrics = metrics
         self.tracing = tracing or Tracing(None)
         self.registry = ModelRegistry(admission or AdmissionConfig())
         self.registry.on_change = partial(metrics.model_changed, self.registry.admission)
         self.max_fanout = max_fanout  # engine requests one API request may create
         self.tokens = tokens
+        # None: the client's salt as sent (tests, tools); the gateway passes its tenants' namespaces.
+        self.salt_for = salt_for
         self._live: weakref.WeakSet[Dispatch] = weakref.WeakSet()  # for interrupt_all; closed ones are skipped
 
     def get(self, name: str) -> LLMModel:
@@ -118,10 +125,11 @@ class LLMService:
 
     def _engine_requests(self, call: GenerateCall) -> list[EngineRequest]:
         out = []
+        salt = self.salt_for(call.key_id, call.cache_salt) if self.salt_for is not None else call.cache_salt
         for p, prompt in enumerate(call.prompts):
             for i in range(call.params.n):
                 sampling = sampling_for(call.model, call.params, len(prompt.token_ids), seed_offset=i)
                 rid = f"{call.request_id}-{p}-{i}"
                 out.append(EngineRequest(rid, call.model.name, prompt.token_ids, sampling, kind=call.kind,
-                                         chat_body=call.chat_body, cache_salt=call.cache_salt))
+                                         chat_body=call.chat_body, cache_salt=salt))
         return out

@@ -15,15 +15,22 @@ from fastapi.responses import JSONResponse, Response
 from engines.base import Delta
 from engines.errors import ErrorKind, SluiceError
 from gateway.app_state import hints_from, state_of
+from gateway.json_body import OffLoopJSONRoute
 from gateway.llm.dispatch import Dispatch
 from gateway.llm.service import GenerateCall, Prompt
 from gateway.openai.logprobs import chat_logprobs
 from gateway.openai.prompts import render_chat
-from gateway.openai.schemas import ChatCompletionRequest, generation_params
+from gateway.openai.schemas import (
+    FORWARDED_CHAT_FIELDS,
+    RENDERED_MESSAGE_FIELDS,
+    ChatCompletionRequest,
+    generation_params,
+    refuse_unsupported,
+)
 from gateway.openai.streaming import ChunkEncoder, UsageTally, new_id, sse, unless_disconnected
 from gateway.security.access import key_id_of
 
-router = APIRouter()
+router = APIRouter(route_class=OffLoopJSONRoute)  # large bodies are decoded off the event loop
 
 
 @router.post("/v1/chat/completions")
@@ -31,13 +38,10 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
     request.state.sluice_model = body.model
     st = state_of(request)
     model = st.llm.get(body.model)
+    refuse_unsupported(body)
     ids = await render_chat(st.renderer, model, body.messages, body)
-    # The worker's own chat endpoint gets the client's body (tools, response_format,
-    # vLLM extras); the validated sampling parameters are laid over it per choice.
-    forward = body.model_dump(exclude_unset=True, exclude_none=True)
-    forward["model"] = model.name
     call = GenerateCall(model, [Prompt(ids)], generation_params(body), new_id("chatcmpl"), kind="chat",
-                        chat_body=forward, cache_salt=body.cache_salt, hints=hints_from(request),
+                        chat_body=forwarded(body, model.name), cache_salt=body.cache_salt, hints=hints_from(request),
                         key_id=key_id_of(request))
     d = await st.llm.dispatch(call)
     client_id = request.headers.get("x-request-id")
@@ -49,6 +53,17 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
         return JSONResponse(result, headers=d.headers(client_id))
     finally:
         d.close()
+
+
+def forwarded(body: ChatCompletionRequest, model: str) -> dict[str, Any]:
+    """What a remote worker's own chat endpoint gets of the client's body: the fields the gateway
+    rendered the prompt from (messages with only their rendered fields) and those the worker's tool
+    parsers need. The validated sampling parameters are laid over it per choice."""
+    out = body.model_dump(include=set(FORWARDED_CHAT_FIELDS), exclude_unset=True, exclude_none=True)
+    out["messages"] = [m.model_dump(include=set(RENDERED_MESSAGE_FIELDS), exclude_unset=True, exclude_none=True)
+                       for m in body.messages]
+    out["model"] = model
+    return out
 
 
 def finish_reason(reason: str | None) -> str | None:

@@ -16,16 +16,17 @@ from fastapi.responses import JSONResponse, Response
 
 from engines.errors import ErrorKind, SluiceError
 from gateway.app_state import hints_from, state_of
+from gateway.json_body import OffLoopJSONRoute
 from gateway.llm.dispatch import Dispatch
 from gateway.llm.service import GenerateCall, Prompt
 from gateway.openai.chat import finish_reason, raise_if_failed
 from gateway.openai.logprobs import CompletionLogprobs
-from gateway.openai.prompts import completion_prompts, prompt_count
+from gateway.openai.prompts import prompt_count, tokenize_prompts
 from gateway.openai.schemas import CompletionRequest, generation_params
 from gateway.openai.streaming import ChunkEncoder, UsageTally, new_id, sse, unless_disconnected
 from gateway.security.access import key_id_of
 
-router = APIRouter()
+router = APIRouter(route_class=OffLoopJSONRoute)
 
 
 @router.post("/v1/completions")
@@ -38,7 +39,7 @@ async def completions(body: CompletionRequest, request: Request) -> Response:
     if body.suffix:
         raise SluiceError("suffix is not supported by this model", ErrorKind.UNSUPPORTED, param="suffix")
     st.llm.check_fanout(prompt_count(body.prompt), body.n)  # before tokenizing thousands of prompts
-    prompts = completion_prompts(model, body.prompt)
+    prompts = await tokenize_prompts(st.renderer, model, body.prompt)
     call = GenerateCall(model, prompts, generation_params(body), new_id("cmpl"), cache_salt=body.cache_salt,
                         hints=hints_from(request), key_id=key_id_of(request))
     d = await st.llm.dispatch(call)

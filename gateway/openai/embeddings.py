@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+from functools import partial
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -10,11 +11,13 @@ from fastapi.responses import JSONResponse
 
 from engines.errors import ErrorKind, SluiceError
 from gateway.app_state import state_of
+from gateway.json_body import OffLoopJSONRoute
 from gateway.llm.registry import model_not_found
+from gateway.openai.prompts import prompt_size
 from gateway.openai.schemas import EmbeddingRequest
 from gateway.security.access import key_id_of
 
-router = APIRouter()
+router = APIRouter(route_class=OffLoopJSONRoute)  # large bodies are decoded off the event loop
 
 
 @router.post("/v1/embeddings")
@@ -27,7 +30,9 @@ async def embeddings(body: EmbeddingRequest, request: Request) -> JSONResponse:
     if body.dimensions is not None and body.dimensions != model.dimensions:
         raise SluiceError(f"this model only produces {model.dimensions}-dimensional embeddings",
                           ErrorKind.UNSUPPORTED, param="dimensions")
-    texts, tokens = bridge.texts(model, body.input)
+    chars, work = prompt_size(body.input)
+    texts, tokens = await state_of(request).renderer.tokenize(partial(bridge.texts, model, body.input), chars,
+                                                              "input", work=work)
     quotas, key_id = state_of(request).security.quotas, key_id_of(request)
     if key_id is not None:  # embeddings count their input tokens against the key's token quota
         await quotas.reserve_tokens(key_id, tokens)

@@ -5,17 +5,19 @@ POST /tokenize and /detokenize (vLLM's extension routes).
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
 from gateway.app_state import AppState, state_of
-from gateway.llm.registry import model_not_found
+from gateway.json_body import OffLoopJSONRoute
+from gateway.llm.registry import LLMModel, model_not_found
 from gateway.openai.prompts import check_token_ids, render_chat
 from gateway.openai.schemas import DetokenizeRequest, TokenizeRequest
 
-router = APIRouter()
+router = APIRouter(route_class=OffLoopJSONRoute)  # large bodies are decoded off the event loop
 
 
 def _cards(st: AppState) -> dict[str, dict[str, Any]]:
@@ -47,16 +49,26 @@ async def get_model(model_id: str, request: Request) -> JSONResponse:
 
 @router.post("/tokenize")
 async def tokenize(body: TokenizeRequest, request: Request) -> JSONResponse:
+    pool = state_of(request).renderer
     model = state_of(request).llm.get(body.model)
     if body.messages is not None:
-        ids = await render_chat(state_of(request).renderer, model, body.messages, body)
+        ids = await render_chat(pool, model, body.messages, body)
     else:
-        ids = model.tokenizer.encode(body.prompt or "", add_special_tokens=body.add_special_tokens)
+        text = body.prompt or ""
+        ids = await pool.tokenize(partial(model.tokenizer.encode, text, add_special_tokens=body.add_special_tokens),
+                                  len(text), "prompt")
     return JSONResponse({"tokens": ids, "count": len(ids), "max_model_len": model.context_length})
 
 
 @router.post("/detokenize")
 async def detokenize(body: DetokenizeRequest, request: Request) -> JSONResponse:
     model = state_of(request).llm.get(body.model)
-    check_token_ids(model, body.tokens, "tokens", "tokens")
-    return JSONResponse({"prompt": model.tokenizer.decode(body.tokens, skip_special_tokens=False)})
+    # Checked and decoded off the event loop when long (the body limit bounds how long).
+    text = await state_of(request).renderer.tokenize(partial(_detokenize, model, body.tokens), 0, "tokens",
+                                                     work=len(body.tokens))
+    return JSONResponse({"prompt": text})
+
+
+def _detokenize(model: LLMModel, ids: list[int]) -> str:
+    check_token_ids(model, ids, "tokens", "tokens")
+    return model.tokenizer.decode(ids, skip_special_tokens=False)

@@ -62,7 +62,12 @@ async def render_chat(renderer: Renderer, model: LLMModel, messages: list[ChatMe
                           param="chat_template_kwargs")
     if body.chat_template is not None:
         kwargs["chat_template"] = body.chat_template
-    return await renderer.run(partial(_render, model, template_messages(messages), body, kwargs))
+    flat = template_messages(messages)
+    chars = sum(len(m["content"]) for m in flat)
+    if chars > renderer.max_prompt_chars:
+        raise SluiceError(f"the messages have {chars} characters; this server accepts at most "
+                          f"{renderer.max_prompt_chars}", ErrorKind.INVALID_ARG, param="messages")
+    return await renderer.run(partial(_render, model, flat, body, kwargs))
 
 
 def _render(model: LLMModel, messages: list[dict[str, Any]], body: ChatTemplateFields, kwargs: dict[str, Any]
@@ -85,6 +90,19 @@ def _prompt_items(prompt: Any) -> list[Any]:
 
 def prompt_count(prompt: Any) -> int:
     return len(_prompt_items(prompt))
+
+
+def prompt_size(prompt: Any) -> tuple[int, int]:
+    """(characters of text, characters and token ids) of a completion prompt: what tokenizing it costs."""
+    items = _prompt_items(prompt)
+    chars = sum(len(item) for item in items if isinstance(item, str))
+    return chars, sum(len(item) for item in items)
+
+
+async def tokenize_prompts(pool: Renderer, model: LLMModel, prompt: Any) -> list[Prompt]:
+    """`completion_prompts`, off the event loop unless small, within the pool's size bound."""
+    chars, work = prompt_size(prompt)
+    return await pool.tokenize(partial(completion_prompts, model, prompt), chars, "prompt", work=work)
 
 
 def completion_prompts(model: LLMModel, prompt: Any) -> list[Prompt]:

@@ -1,8 +1,13 @@
 """Pydantic request schemas for the OpenAI routes.
 
-Unknown fields are accepted and ignored (`extra="allow"`), as OpenAI clients
-send fields this server does not know. Range checks raise 400s through the
-validation handler in `gateway.http.error_handlers`.
+Chat and completion requests (and chat messages) refuse fields they do not declare,
+as OpenAI does ("Unrecognized request argument supplied: X", a 400): a vLLM extra
+the gateway does not know could change the prompt the engine runs (truncation,
+documents, prompt embeddings, template variables) after the gateway has checked
+quota and context on another. The declared fields are the OpenAI ones and the vLLM
+extras the gateway itself honours. Other bodies (tokenize, embeddings) still accept
+and ignore unknown fields. Range checks raise 400s through the validation handler in
+`gateway.http.error_handlers`.
 
 OpenAI request bodies → the LLM layer's protocol-neutral `GenerationParams`.
 """
@@ -20,6 +25,10 @@ from gateway.llm.params import GenerationParams
 class _Base(BaseModel):
     # NaN and infinities are not numbers a client may send (Python's JSON parser accepts them).
     model_config = ConfigDict(extra="allow", allow_inf_nan=False)
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
 class StreamOptions(_Base):
@@ -44,6 +53,12 @@ class _Sampling(_Base):
     frequency_penalty: float = 0.0
     logit_bias: dict[str, float] | None = None
     user: str | None = Field(default=None, max_length=256)
+    # OpenAI fields for OpenAI's own service (storage, billing, its cache routing): accepted, not acted on.
+    store: bool | None = None
+    metadata: dict[str, str] | None = None
+    service_tier: str | None = None
+    prompt_cache_key: str | None = None
+    safety_identifier: str | None = None
     # vLLM-style extras, honoured when the engine supports them.
     top_k: int | None = None
     min_p: float = 0.0
@@ -52,7 +67,9 @@ class _Sampling(_Base):
     ignore_eos: bool = False
     min_tokens: int = 0
     include_stop_str_in_output: bool = False
-    cache_salt: str | None = Field(default=None, max_length=256)
+    # The client's own split of its tenant's prefix cache; the engine's salt is derived from the
+    # tenant and this (gateway.security.tenancy), so it never names another tenant's cache.
+    cache_salt: str | None = Field(default=None, min_length=1, max_length=128, pattern=r"^[^@/\\\x00]+$")
 
 
 class ContentPart(_Base):
@@ -60,12 +77,30 @@ class ContentPart(_Base):
     text: str | None = None
 
 
-class ChatMessage(_Base):
+class ChatMessage(_Strict):
     role: Literal["system", "developer", "user", "assistant", "tool", "function"]
     content: str | list[ContentPart] | None = None
     name: str | None = None
     tool_calls: list[dict[str, Any]] | None = None
     tool_call_id: str | None = None
+    # What an assistant message of an earlier response carries (OpenAI's, and vLLM's reasoning), so a
+    # client can send it back as history. Accepted but neither rendered nor forwarded: a worker's
+    # template must not see what the gateway's did not (`RENDERED_MESSAGE_FIELDS`).
+    refusal: str | None = None
+    audio: Any = None
+    function_call: Any = None
+    annotations: Any = None
+    reasoning: Any = None
+    reasoning_content: Any = None
+
+
+RENDERED_MESSAGE_FIELDS = ("role", "content", "name", "tool_calls", "tool_call_id")
+# What a remote worker's chat endpoint is sent of the client's body: what the gateway rendered the
+# prompt from, and what the worker's own tool and structured-output parsers need. Sampling fields
+# travel as the validated `SamplingParams` (engines.remote.payload), the cache salt as the tenant's.
+FORWARDED_CHAT_FIELDS = ("messages", "tools", "tool_choice", "parallel_tool_calls", "response_format",
+                         "structured_outputs", "add_generation_prompt", "continue_final_message",
+                         "chat_template_kwargs", "chat_template")
 
 
 class ChatTemplateFields(_Base):
@@ -79,12 +114,26 @@ class ChatTemplateFields(_Base):
 
 
 class ChatCompletionRequest(ChatTemplateFields, _Sampling):
+    model_config = _Strict.model_config
+
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = None
     logprobs: bool = False
     top_logprobs: int | None = None
     tool_choice: Any = None
+    parallel_tool_calls: bool | None = None
     response_format: dict[str, Any] | None = None
+    structured_outputs: dict[str, Any] | None = None  # vLLM's decoding constraint (choice, regex, json...)
+    # OpenAI fields these text models cannot honour, or (reasoning_effort: a template variable in
+    # vLLM) that would change the prompt the worker renders: refused when set (`refuse_unsupported`).
+    modalities: list[str] | None = None
+    audio: Any = None
+    prediction: Any = None
+    functions: Any = None
+    function_call: Any = None
+    web_search_options: Any = None
+    reasoning_effort: Any = None
+    verbosity: Any = None
 
     @model_validator(mode="after")
     def _limits(self) -> ChatCompletionRequest:
@@ -94,6 +143,8 @@ class ChatCompletionRequest(ChatTemplateFields, _Sampling):
 
 
 class CompletionRequest(_Sampling):
+    model_config = _Strict.model_config
+
     prompt: str | list[str] | list[int] | list[list[int]]
     echo: bool = False
     logprobs: int | None = None
@@ -144,6 +195,19 @@ class TokenizeRequest(ChatTemplateFields):
 class DetokenizeRequest(_Base):
     model: str
     tokens: list[int]
+
+
+_UNSUPPORTED_CHAT = ("audio", "prediction", "functions", "function_call", "web_search_options", "reasoning_effort",
+                     "verbosity")
+
+
+def refuse_unsupported(body: ChatCompletionRequest) -> None:
+    """A 400 naming the first OpenAI chat field set that this server does not honour."""
+    for name in _UNSUPPORTED_CHAT:
+        if getattr(body, name) is not None:
+            raise SluiceError(f"'{name}' is not supported by this server", ErrorKind.UNSUPPORTED, param=name)
+    if body.modalities is not None and body.modalities != ["text"]:
+        raise SluiceError("only the 'text' modality is supported", ErrorKind.UNSUPPORTED, param="modalities")
 
 
 def requested_logprobs(body: ChatCompletionRequest | CompletionRequest) -> int | None:

@@ -1,10 +1,12 @@
 """Worker registration API: /v1/admin/workers.
 
-Admin routes: the access middleware (`gateway.security.http`) authenticates an
-admin key (SLUICE_ADMIN_KEYS, SLUICE_ADMIN_KEY or --admin-keys-file) before the
-body is read, or, with no admin key configured, admits only a direct loopback
-peer. `require_admin` fails closed if a route here were ever not classified as
-admin by the access table.
+Admin routes: the access middleware (`gateway.security.http`) authenticates a key
+holding the `workers` scope (an admin key, or the registration key workers hold)
+before the body is read, or, with no admin key configured, admits only a direct
+loopback peer that is not a browser page. A registration also vouches for the
+worker's name and URL to Kubernetes discovery (`gateway.discovery.attest`).
+`require_admin` fails closed if a route here were ever not classified as admin by
+the access table.
 """
 
 from __future__ import annotations
@@ -17,7 +19,6 @@ from fastapi.responses import JSONResponse, Response
 from engines.errors import ErrorKind, SluiceError
 from engines.launchers.registration import WorkerRecord
 from gateway.app_state import state_of
-from gateway.llm.workers.probe import discover_kv_events
 from gateway.security.access import require_admin
 
 router = APIRouter(dependencies=[Depends(require_admin)])
@@ -39,14 +40,16 @@ def _one_process_only(request: Request) -> None:
 @router.post("/v1/admin/workers")
 async def register_worker(record: WorkerRecord, request: Request) -> JSONResponse:
     _one_process_only(request)
-    record = await discover_kv_events(record)
     models = await state_of(request).workers.add(record)
+    # The key held the `workers` scope (the access table): discovery may now admit this name and URL.
+    await state_of(request).attestations.vouch(record.name, record.url)
     return JSONResponse({"name": record.name, "models": models}, status_code=201)
 
 
 @router.delete("/v1/admin/workers/{name}")
 async def deregister_worker(name: str, request: Request) -> Response:
     _one_process_only(request)
+    await state_of(request).attestations.revoke(name)
     if not await state_of(request).workers.remove(name):
         raise _not_found(name)
     return Response(status_code=204)

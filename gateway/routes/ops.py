@@ -21,10 +21,12 @@ async def health(request: Request) -> Response:
         return JSONResponse({"status": "unavailable", "detail": "draining"}, status_code=503,
                             headers={"Retry-After": "1"})
     ok = st.ready and st.llm.ready() and (st.classic is None or st.classic.ready())
+    quotas = st.security.quotas.health_detail()  # per-replica quotas are degraded, not unavailable
+    details = {"details": {"quotas": quotas}} if quotas is not None else {}
     if ok:
-        return JSONResponse({"status": "ok"})
+        return JSONResponse({"status": "ok", **details})
     detail = st.startup_error or ("starting" if not st.ready else "a model cannot serve")
-    return JSONResponse({"status": "unavailable", "detail": detail}, status_code=503)
+    return JSONResponse({"status": "unavailable", "detail": detail, **details}, status_code=503)
 
 
 @router.get("/version")

@@ -2,9 +2,11 @@
 
 One table per protocol says what each path or RPC needs: nothing (health probes),
 an API key (inference and everything else: unknown paths are not open), an admin
-key (repository load/unload, worker administration) or, for `/metrics`, any key
-when `--metrics-require-key` is set. The edges (`gateway.security.http`,
-`gateway.security.grpc`) authenticate by this table before a route runs.
+key holding the route's scope (`repository`: repository load/unload and the other
+`/v1/admin` routes; `workers`: `/v1/admin/workers...`, which the registration key
+opens too) or, for `/metrics` with `--metrics-require-key`, a key holding the
+`metrics` scope. The edges (`gateway.security.http`, `gateway.security.grpc`)
+authenticate by this table before a route runs.
 """
 
 from __future__ import annotations
@@ -21,14 +23,21 @@ from engines.errors import ErrorKind, SluiceError
 
 
 class Access(StrEnum):
+    """What a route needs. Past OPEN and API, the value is also the admin-key scope that opens it."""
+
     OPEN = "open"
     API = "api"
-    ADMIN = "admin"
-    METRICS = "metrics"
+    REPOSITORY = "repository"  # model repository control
+    WORKERS = "workers"  # worker registration and administration
+    METRICS = "metrics"  # /metrics, when --metrics-require-key
+
+
+ADMIN = frozenset({Access.REPOSITORY, Access.WORKERS})  # the admin routes (loopback rules apply to them)
 
 
 # Probes, and /version (as vLLM serves it): Kubernetes' liveness probe uses it, and it tells nothing secret.
 _OPEN_PATHS = frozenset({"/health", "/version", "/v2/health/live", "/v2/health/ready"})
+_WORKERS_PATH = re.compile(r"^/v1/admin/workers(/|$)")
 _ADMIN_PATH = re.compile(r"^/v1/admin(/|$)|^/v2/repository/models/[^/]+/(load|unload)/?$")
 _SERVICE = "/inference.GRPCInferenceService/"
 _OPEN_RPCS = frozenset({"ServerLive", "ServerReady"})
@@ -50,8 +59,10 @@ def classify_path(path: str) -> Access:
         return Access.OPEN
     if path == "/metrics":
         return Access.METRICS
+    if _WORKERS_PATH.match(path):
+        return Access.WORKERS
     if _ADMIN_PATH.match(path):
-        return Access.ADMIN
+        return Access.REPOSITORY
     return Access.API
 
 
@@ -61,7 +72,7 @@ def classify_rpc(method: str) -> Access:
     if name in _OPEN_RPCS:
         return Access.OPEN
     if name in _ADMIN_RPCS:
-        return Access.ADMIN
+        return Access.REPOSITORY
     return Access.API
 
 
@@ -88,6 +99,27 @@ def is_local(host: str | None, header_names: set[str]) -> bool:
     return is_loopback(host) and not (header_names & FORWARDING_HEADERS)
 
 
+def is_loopback_authority(value: str) -> bool:
+    """A `Host` header naming this machine's loopback: localhost, 127.0.0.0/8 or [::1], any port."""
+    host = value.strip().lower()
+    if host.startswith("["):
+        host = host[1:].partition("]")[0]
+    elif host.count(":") == 1:
+        host = host.partition(":")[0]
+    return host in ("localhost", "localhost.") or is_loopback(host)
+
+
+def browser_refusal(origin: str | None, host: str | None) -> str | None:
+    """Why a keyless loopback admin request may come from a browser page (None: it cannot).
+    A page on this machine can reach 127.0.0.1: it sends `Origin` (CSRF), or a rebound DNS
+    name of its own as `Host` (DNS rebinding). A client without a browser sends neither."""
+    if origin is not None:
+        return "Admin routes without an admin key refuse requests with an Origin header (browser pages)."
+    if host is not None and not is_loopback_authority(host):
+        return "Admin routes without an admin key answer only requests whose Host is a loopback address."
+    return None
+
+
 def grpc_peer_host(peer: str) -> str | None:
     """The address of a grpc peer string: `ipv4:127.0.0.1:5000`, `ipv6:[::1]:5000`."""
     kind, _, rest = peer.partition(":")
@@ -107,5 +139,5 @@ def key_id_of(request: Any) -> str | None:
 def require_admin(request: Request) -> None:
     """Route dependency for admin routes: fails closed when the edge did not authorise
     the request as admin (a route whose path the access table does not list as admin)."""
-    if request.scope.get(SCOPE_ACCESS) != Access.ADMIN.value:
+    if request.scope.get(SCOPE_ACCESS) not in (Access.REPOSITORY.value, Access.WORKERS.value):
         raise SluiceError("this route needs an admin key", ErrorKind.PERMISSION_DENIED)

@@ -14,7 +14,16 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from engines.errors import SluiceError
-from gateway.security.access import SCOPE_ACCESS, SCOPE_KEY_ID, Access, bearer, classify_path, is_local
+from gateway.security.access import (
+    ADMIN,
+    SCOPE_ACCESS,
+    SCOPE_KEY_ID,
+    Access,
+    bearer,
+    browser_refusal,
+    classify_path,
+    is_local,
+)
 from gateway.security.guard import Security
 
 Scope = dict[str, Any]
@@ -46,8 +55,8 @@ class AccessMiddleware:
         lease = None
         try:
             # Only admin routes care whether the peer is local: its address and headers are read for them alone.
-            local = access is Access.ADMIN and _is_local(scope)
-            principal = self.security.authenticate(access, bearer(authorization), local=local)
+            local, not_local = _is_local(scope) if access in ADMIN else (False, None)
+            principal = self.security.authenticate(access, bearer(authorization), local=local, not_local=not_local)
             if access is Access.API and principal is not None:
                 lease = await self.security.quotas.admit(principal.id)
                 scope[SCOPE_KEY_ID] = principal.id
@@ -72,7 +81,10 @@ class AccessMiddleware:
         await send({"type": "http.response.body", "body": payload})
 
 
-def _is_local(scope: Scope) -> bool:
+def _is_local(scope: Scope) -> tuple[bool, str | None]:
+    """Whether the peer is direct loopback, and why a loopback request may still be a browser's."""
     client = scope.get("client")
-    names = {raw_name.decode("latin-1").lower() for raw_name, _ in scope.get("headers", [])}
-    return is_local(client[0] if client else None, names)
+    headers = {raw_name.decode("latin-1").lower(): raw_value.decode("latin-1")
+               for raw_name, raw_value in scope.get("headers", [])}
+    local = is_local(client[0] if client else None, set(headers))
+    return local, browser_refusal(headers.get("origin"), headers.get("host")) if local else None

@@ -20,7 +20,9 @@ import yaml
 
 _ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,63}$")
 _LIMITS = ("rpm", "tpm", "concurrency")
-_FIELDS = {"id", "key", "sha256", *_LIMITS}
+_FIELDS = {"id", "key", "sha256", "scopes", "tenant", *_LIMITS}
+SCOPES = ("repository", "workers", "metrics")  # an admin key's; gateway.security.access names their routes
+ALL_SCOPES = frozenset(SCOPES)
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,6 +44,9 @@ class Principal:
 
     id: str
     limits: Limits = Limits()
+    scopes: frozenset[str] = ALL_SCOPES  # what an admin key opens (API keys: unused)
+    # An API key's prefix-cache namespace (gateway.security.tenancy): its keys-file `tenant`, else its id.
+    tenant: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,6 +54,8 @@ class KeyEntry:
     digest: bytes  # SHA-256 of the key
     id: str | None = None  # the operator's name for it; None: derived from the digest
     overrides: dict[str, int] | None = None  # per-key limits over the server-wide defaults
+    scopes: frozenset[str] = ALL_SCOPES  # an admin key's scopes (a keys file's `scopes`); default all
+    tenant: str | None = None  # keys sharing a tenant share a prefix-cache namespace; None: its own
 
     def public_id(self) -> str:
         return self.id or "key-" + self.digest.hex()[:12]
@@ -76,7 +83,7 @@ class KeyRing:
             seen_ids.add(pid)
             seen_digests.add(e.digest)
             limits = Limits(**{**_as_dict(defaults), **(e.overrides or {})})
-            self._entries.append((e.digest, Principal(pid, limits)))
+            self._entries.append((e.digest, Principal(pid, limits, e.scopes, e.tenant or pid)))
 
     def match(self, key: str | None) -> Principal | None:
         if not key:
@@ -119,7 +126,7 @@ def single(value: str | None) -> list[KeyEntry]:
 
 
 def from_file(path: Path) -> list[KeyEntry]:
-    """A YAML list of `{id, key | sha256, rpm, tpm, concurrency}` (or `{keys: [...]}`),
+    """A YAML list of `{id, key | sha256, rpm, tpm, concurrency, scopes, tenant}` (or `{keys: [...]}`),
     or a plain file with one key per line (`#` starts a comment line)."""
     try:
         text = path.read_text()
@@ -148,6 +155,10 @@ def _entry(item: Any, where: str) -> KeyEntry:
     key_id = item.get("id")
     if key_id is not None and not (isinstance(key_id, str) and _ID.match(key_id)):
         raise ValueError(f"{where}: 'id' must be 1-64 letters, digits or ._:- (it becomes a metric label)")
+    tenant = item.get("tenant")
+    if tenant is not None and not (isinstance(tenant, str) and _ID.match(tenant)):
+        raise ValueError(f"{where}: 'tenant' must be 1-64 letters, digits or ._:-")
+    scopes = _scopes(item.get("scopes", list(SCOPES)), where)
     overrides = {}
     for name in _LIMITS:
         if item.get(name) is not None:
@@ -164,7 +175,13 @@ def _entry(item: Any, where: str) -> KeyEntry:
         raw = bytes.fromhex(hexdigest)
     else:
         raw = digest(_check_key(item["key"], where))
-    return KeyEntry(raw, key_id, overrides or None)
+    return KeyEntry(raw, key_id, overrides or None, scopes, tenant)
+
+
+def _scopes(value: Any, where: str) -> frozenset[str]:
+    if not (isinstance(value, list) and value and all(isinstance(v, str) and v in SCOPES for v in value)):
+        raise ValueError(f"{where}: 'scopes' must be a non-empty list of {', '.join(SCOPES)}")
+    return frozenset(value)
 
 
 def _check_key(key: Any, where: str) -> str:

@@ -24,6 +24,9 @@ class SecurityMetrics:
         self.redis_up = Gauge("sluice_quota_redis_up", "1 while quotas are shared through Redis, 0 while this "
                               "replica enforces them locally (no Redis configured, or Redis unreachable).",
                               registry=registry)
+        self.quota_local = Gauge("sluice_quota_local", "1 while per-key quotas are configured and this replica "
+                                 "enforces them alone (no Redis, or Redis lost): N such replicas may let a key use "
+                                 "N times its limits.", registry=registry)
         self.redis_fallbacks = Counter("sluice_quota_redis_fallbacks",
                                        "Times this replica lost Redis and fell back to local quotas.",
                                        registry=registry)

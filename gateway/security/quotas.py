@@ -5,8 +5,10 @@ replica, `RedisQuotaStore`) and in process otherwise (`LocalQuotas`). When Redis
 cannot be reached it logs once, counts `sluice_quota_redis_fallbacks_total`, and
 enforces the same limits locally; a background task pings Redis and shares
 quotas again once it answers. While local, each replica allows a key its full
-limits, so N replicas may let it use up to N times them. Requests never wait
-on a Redis that is away: after the first failure they go local at once.
+limits, so N replicas may let it use up to N times them: while some key has
+limits and they are enforced locally (no Redis configured, or Redis lost),
+`sluice_quota_local` is 1 and `/health` says so (`health_detail`). Requests never
+wait on a Redis that is away: after the first failure they go local at once.
 
 The protocol edges call `admit` / `finish` around each request; the LLM layer
 and the embeddings route call `reserve_tokens` at admission and
@@ -66,7 +68,23 @@ class QuotaService:
         # Each key's request counter and in-flight gauge: `labels()` costs more than the increment, and
         # keys are the configured ones (plus anonymous), so the cache is bounded.
         self._children: dict[str, tuple[Any, Any]] = {}
-        metrics.redis_up.set(1 if self.shared else 0)
+        self.limited = any(not lim.unlimited for lim in limits.values())  # some key has a quota
+        self._set_shared(self.shared)
+
+    def _set_shared(self, shared: bool) -> None:
+        self.shared = shared
+        self.metrics.redis_up.set(1 if shared else 0)
+        self.metrics.quota_local.set(1 if self.limited and not shared else 0)
+
+    def health_detail(self) -> str | None:
+        """What /health says about quotas: None when no key has one."""
+        if not self.limited:
+            return None
+        if self.shared:
+            return "shared through Redis"
+        why = "Redis is unreachable" if self.store is not None else "no --redis-url"
+        return (f"per-replica ({why}): each gateway replica enforces every key's full limits, so N replicas "
+                "may let a key use N times them")
 
     def _metrics_of(self, key_id: str) -> tuple[Any, Any]:
         children = self._children.get(key_id)
@@ -182,16 +200,14 @@ class QuotaService:
     def _lost(self, error: BaseException) -> None:
         if not self.shared:
             return
-        self.shared = False
-        self.metrics.redis_up.set(0)
+        self._set_shared(False)
         self.metrics.redis_fallbacks.inc()
         self._lost_event.set()
         log.warning("quotas: Redis unreachable (%s: %s); enforcing quotas on this replica alone until it returns",
                     type(error).__name__, error)
 
     def _back(self) -> None:
-        self.shared = True
-        self.metrics.redis_up.set(1)
+        self._set_shared(True)
         log.warning("quotas: Redis is reachable again; quotas are shared across replicas again")
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
@@ -211,8 +227,9 @@ class QuotaService:
             await asyncio.gather(*list(self._tasks), return_exceptions=True)
 
     async def start(self) -> None:
+        """Raise RedisAccessError when Redis refuses this gateway; a Redis that is away is only lost."""
         if self.store is not None and self._maintainer is None:
-            await self._quietly(self.store.ping())
+            await self._quietly(self.store.check())
             self._maintainer = asyncio.create_task(self._maintain(self.store), name="sluice-quota-redis")
 
     async def stop(self) -> None:

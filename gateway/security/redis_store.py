@@ -12,17 +12,22 @@ so a key's entries share a cluster slot):
   slots cannot leak. Expired leases are dropped before every count.
 
 Calls raise `STORE_ERRORS` when Redis cannot be reached; `QuotaService` then
-falls back to its local store.
+falls back to its local store. A Redis that answers but refuses the credentials
+(password, ACL user, permissions) or whose TLS certificate does not verify is a
+configuration error instead: `check` raises `RedisAccessError` and start-up fails.
 """
 
 from __future__ import annotations
 
 import asyncio
+import ssl
+from typing import Any
+from urllib.parse import urlparse
 
 import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
-from redis.exceptions import RedisError
+from redis.exceptions import AuthenticationError, NoPermissionError, RedisError
 
 from gateway.security.keys import Limits
 from gateway.security.quota_buckets import WINDOW_S, Refusal
@@ -88,15 +93,23 @@ return 1
 """
 
 
+class RedisAccessError(Exception):
+    """Redis answered but refused this gateway: wrong password or ACL user, missing permission, bad TLS."""
+
+
 class RedisQuotaStore:
     def __init__(self, url: str, *, prefix: str = "sluice:quota", socket_timeout_s: float = 0.5,
-                 lease_ttl_s: float = 30.0) -> None:
+                 lease_ttl_s: float = 30.0, options: dict[str, Any] | None = None) -> None:
+        """`options`: redis-py connection options beyond the URL (`password`, `ssl_ca_certs`)."""
+        parsed = urlparse(url)
+        self.where = f"{parsed.scheme}://{parsed.hostname or parsed.path}" + (f":{parsed.port}" if parsed.port else "")
         self.prefix = prefix
         self.lease_ttl_ms = int(lease_ttl_s * 1000)
         # One immediate retry: a pooled connection may be stale after a Redis restart. No more:
         # a request must not wait on a Redis that is away (QuotaService then goes local at once).
         self._redis = aioredis.Redis.from_url(url, socket_timeout=socket_timeout_s,
-                                              socket_connect_timeout=socket_timeout_s, retry=Retry(NoBackoff(), 1))
+                                              socket_connect_timeout=socket_timeout_s, retry=Retry(NoBackoff(), 1),
+                                              **(options or {}))
         self._admit = self._redis.register_script(_ADMIT)
         self._tokens = self._redis.register_script(_TOKENS)
         self._renew = self._redis.register_script(_RENEW)
@@ -134,5 +147,27 @@ class RedisQuotaStore:
     async def ping(self) -> None:
         await self._redis.ping()
 
+    async def check(self) -> None:
+        """PING once; raise RedisAccessError if Redis refuses us, STORE_ERRORS if it is away."""
+        try:
+            await self._redis.ping()
+        except (AuthenticationError, NoPermissionError) as e:
+            raise RedisAccessError(f"Redis at {self.where} refused the credentials: {e} (check the ACL user in "
+                                   "--redis-url and SLUICE_REDIS_PASSWORD / --redis-password-file)") from None
+        except RedisError as e:
+            if _tls_failure(e):
+                raise RedisAccessError(f"Redis at {self.where}: the TLS handshake failed: {e} (check "
+                                       "--redis-ca-file)") from None
+            raise
+
     async def close(self) -> None:
         await self._redis.aclose()
+
+
+def _tls_failure(error: BaseException) -> bool:
+    seen: BaseException | None = error
+    while seen is not None:
+        if isinstance(seen, ssl.SSLError) or "SSL" in str(seen) or "certificate" in str(seen):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False

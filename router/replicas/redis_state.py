@@ -61,9 +61,11 @@ class RedisSharedState:
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._last_id = "0-0"
+        extra: dict[str, Any] = {k: v for k, v in (("password", config.password),
+                                                   ("ssl_ca_certs", config.ssl_ca_certs)) if v}
         self._redis = aioredis.Redis.from_url(
             config.url, socket_timeout=config.socket_timeout_s,
-            socket_connect_timeout=config.socket_timeout_s, retry=Retry(NoBackoff(), 0))
+            socket_connect_timeout=config.socket_timeout_s, retry=Retry(NoBackoff(), 0), **extra)
 
     # -- SharedState -------------------------------------------------------------
     def publish_store(self, worker: str, hashes: Sequence[int], ttl_s: float | None) -> None:

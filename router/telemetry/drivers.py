@@ -76,7 +76,8 @@ class Drivers:
     def __init__(self, config: RouterConfig, feed: WorkerFeed) -> None:
         self._config = config
         self._feed = feed
-        self._client = httpx.AsyncClient()
+        key = config.worker_key
+        self._client = httpx.AsyncClient(headers={"Authorization": f"Bearer {key}"} if key else None)
         self._tasks: dict[str, list[BackgroundTask]] = {}
         self._maintenance: BackgroundTask | None = None
         self._subscribers: dict[str, ZmqEventSubscriber | TrtllmEventPoller] = {}

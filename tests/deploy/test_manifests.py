@@ -113,7 +113,11 @@ def test_workers_name_themselves_after_their_pod(overlay: tuple[str, list[dict[s
         assert cmd[cmd.index("--name") + 1] == "$(POD_NAME)" and cmd[cmd.index("--advertise-host") + 1] == "$(POD_IP)"
         env = {e["name"]: e.get("valueFrom", {}) for e in container["env"]}
         assert env["POD_NAME"]["fieldRef"]["fieldPath"] == "metadata.name"
-        assert env["SLUICE_ADMIN_KEY"]["secretKeyRef"] == {"name": "sluice-keys", "key": "SLUICE_ADMIN_KEY"}
+        # A worker pod holds the registration key (the `workers` scope) and never an admin key.
+        assert env["SLUICE_REGISTRATION_KEY"]["secretKeyRef"] == {"name": "sluice-registration",
+                                                                  "key": "SLUICE_REGISTRATION_KEY"}
+        assert not any("ADMIN" in e or e.startswith("SLUICE_API") for e in env)
+        assert all(ref.get("secretRef", {}).get("name") != "sluice-keys" for ref in container.get("envFrom", []))
     assert checked or name.startswith("multinode")  # multi-node leaders: tests/engines/launchers/test_launch_files.py
 
 
@@ -160,3 +164,30 @@ def _settings_configmap(docs: list[dict[str, Any]], container: dict[str, Any]) -
 def _env_value(text: str) -> Any:
     """What pydantic-settings makes of an environment value: JSON for complex fields."""
     return json.loads(text) if text.startswith(("[", "{")) else text
+
+
+def test_workers_bind_the_pod_ip_and_share_the_worker_key(overlay: tuple[str, list[dict[str, Any]]]) -> None:
+    """Every worker binds its pod's IP (never 0.0.0.0) and requires the key from the Secret
+    `sluice-worker-key`, which the gateway reads too (it sends it to every worker)."""
+    _, docs = overlay
+    worker_key = {"secretKeyRef": {"name": "sluice-worker-key", "key": "SLUICE_WORKER_KEY"}}
+    gateway = next(d for d in by_kind(docs, "Deployment") if d["metadata"]["name"] == "sluice-gateway")
+    gateway_container = gateway["spec"]["template"]["spec"]["containers"][0]
+    assert {"secretRef": {"name": "sluice-worker-key"}} in gateway_container["envFrom"]
+    containers = [d["spec"]["template"]["spec"]["containers"][0] for d in by_kind(docs, "Deployment")
+                  if d["spec"]["template"]["spec"]["containers"][0].get("command", [])[:2] == ["sluice", "worker"]]
+    for lws in by_kind(docs, "LeaderWorkerSet"):
+        template = lws["spec"]["leaderWorkerTemplate"]
+        containers.append((template.get("leaderTemplate") or template["workerTemplate"])["spec"]["containers"][0])
+    assert containers
+    for container in containers:
+        env = {e["name"]: e.get("valueFrom", {}) for e in container["env"]}
+        assert env["SLUICE_WORKER_KEY"] == worker_key
+        cmd = container["command"]
+        if cmd[:2] == ["sluice", "worker"]:
+            assert cmd[cmd.index("--host") + 1] == "$(POD_IP)"
+            assert env["POD_IP"]["fieldRef"]["fieldPath"] == "status.podIP"
+        else:  # a LeaderWorkerSet leader runs `sluice worker` from its script, on the pod IP LWS gives it
+            script = next(d for d in docs if d["kind"] == "ConfigMap" and "leader.sh" in d.get("data", {}))
+            assert '--host "$HOST_IP"' in script["data"]["leader.sh"] and "0.0.0.0" not in script["data"]["leader.sh"]
+            assert env["SLUICE_ADVERTISE_HOST"]["fieldRef"]["fieldPath"] == "status.podIP"

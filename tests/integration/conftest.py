@@ -2,11 +2,14 @@
 
 Session-scoped: vLLM takes ~30 s to start on these CPUs, so every test module
 shares one pair of workers. Tests use distinct prompts, so caches do not mix.
+Every worker requires `WORKER_KEY`, a random key per test session, and every gateway
+`gateway_over` starts sends it; a test that calls a worker directly sends `Worker.headers`.
 """
 
 from __future__ import annotations
 
 import os
+import secrets
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -20,12 +23,15 @@ from tests.servers import Server, llm_only_repository, start_server
 
 MODEL = "tiny-llama"
 BLOCK = 128  # vLLM's KV block size on CPU
+WORKER_KEY = secrets.token_hex(24)  # the workers' key, this test session's own
+WORKER_HEADERS = {"Authorization": f"Bearer {WORKER_KEY}"}
 
 
 class Worker:
     def __init__(self, name: str, url: str, kv_port: int, proc: subprocess.Popen[bytes]) -> None:
         self.name, self.url, self.kv_port, self.proc = name, url, kv_port, proc
         self.batches: list = []
+        self.headers = WORKER_HEADERS  # what a direct call needs: every route but /health and /metrics
 
 
 @contextmanager
@@ -34,7 +40,7 @@ def vllm_workers(count: int, prefix: str = "vllm") -> Iterator[list[Worker]]:
     with vLLM's hermes tool parser turned on; named `<prefix>-<i>`."""
     python = vllm_python()
     model_dir = tiny_llama_dir()
-    env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1", SLUICE_VLLM_PYTHON=python)
+    env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1", SLUICE_VLLM_PYTHON=python, SLUICE_WORKER_KEY=WORKER_KEY)
     started: list[Worker] = []
     try:
         for i in range(count):
@@ -62,11 +68,12 @@ def workers() -> Iterator[list[Worker]]:
         yield started
 
 
-def gateway_over(workers: list[Worker], tmp: Path, *extra: str) -> Server:
+def gateway_over(workers: list[Worker], tmp: Path, *extra: str, worker_key: str | None = WORKER_KEY) -> Server:
+    """`sluice serve --worker ...` in front of `workers`, sending them `worker_key` (None: no key)."""
     args = ["--model-repository", str(llm_only_repository(tmp))]
     for w in workers:
         args += ["--worker", f"{w.name}={w.url}"]
-    return start_server([*args, *extra], tmp / "gateway.log")
+    return start_server([*args, *extra], tmp / "gateway.log", env={"SLUICE_WORKER_KEY": worker_key or ""})
 
 
 @pytest.fixture(scope="session")

@@ -103,3 +103,30 @@ def test_no_cors_headers_unless_configured(server: Server) -> None:
     assert "access-control-allow-origin" not in r.headers
     r = httpx.get(server.url + "/v1/models", headers={"Origin": "https://app.example"})
     assert r.status_code == 200 and "access-control-allow-origin" not in r.headers
+
+
+@pytest.mark.parametrize("headers", [{"Origin": "https://evil.example"}, {"Origin": "null"},
+                                     {"Origin": "http://127.0.0.1"}])
+def test_keyless_admin_refuses_browser_pages(server: Server, headers: dict[str, str]) -> None:
+    """CSRF: a page on this machine can reach 127.0.0.1, but its request carries an Origin."""
+    r = httpx.get(server.url + "/v1/admin/workers", headers=headers)
+    assert r.status_code == 403 and r.json()["error"]["type"] == "permission_error" and "Origin" in r.text
+    r = httpx.post(server.url + "/v2/repository/models/add_sub/unload", headers=headers)
+    assert r.status_code == 403 and set(r.json()) == {"error"}
+    assert httpx.get(server.url + "/v2/models/add_sub/ready").status_code == 200  # still loaded
+
+
+@pytest.mark.parametrize("host", ["evil.example", f"evil.example:{8000}", "127.0.0.1.evil.example"])
+def test_keyless_admin_refuses_a_rebound_host(server: Server, host: str) -> None:
+    """DNS rebinding: the page's own name now resolves to 127.0.0.1, and its requests say that name."""
+    r = httpx.get(server.url + "/v1/admin/workers", headers={"Host": host})
+    assert r.status_code == 403 and "Host" in r.json()["error"]["message"]
+    r = httpx.post(server.url + "/v2/repository/models/add_sub/unload", headers={"Host": host})
+    assert r.status_code == 403
+    assert httpx.get(server.url + "/v1/models", headers={"Host": host}).status_code == 200  # not an admin route
+
+
+@pytest.mark.parametrize("host", ["localhost", "127.0.0.1", "[::1]"])
+def test_keyless_admin_takes_loopback_hosts(server: Server, host: str) -> None:
+    r = httpx.get(server.url + "/v1/admin/workers", headers={"Host": f"{host}:{server.http_port}"})
+    assert r.status_code == 200, r.text

@@ -9,6 +9,7 @@ Nothing here verifies TensorRT-LLM itself.
 from __future__ import annotations
 
 import os
+import secrets
 import subprocess
 import sys
 import time
@@ -30,6 +31,7 @@ MODEL = "standin-model"
 # Below the 2,048 tokens the gateway assumes for a worker whose /v1/models has no max_model_len,
 # so that a refusal for length comes from the worker and is relayed, not made by the gateway.
 WORKER_CONTEXT = 1024
+WORKER_KEY = secrets.token_hex(24)
 
 
 @pytest.fixture(scope="module")
@@ -37,7 +39,9 @@ def standin_gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server
     tmp = tmp_path_factory.mktemp("trt")
     model_dir = resolve_llm("smollm2-135m-instruct", ROOT / "model_repository")  # its tokenizer
     port = free_port()
-    env = dict(os.environ, SLUICE_TRTLLM_SERVE=f"{sys.executable} {STANDIN} --token-delay-s 0.01")
+    # With a worker key on both sides: the gateway's requests, health checks and event polls all carry it.
+    env = dict(os.environ, SLUICE_TRTLLM_SERVE=f"{sys.executable} {STANDIN} --token-delay-s 0.01",
+               SLUICE_WORKER_KEY=WORKER_KEY)
     proc = subprocess.Popen(
         [sys.executable, "-m", "engines.launchers", "--engine", "trtllm", "--model", str(model_dir),
          "--served-model-name", MODEL, "--port", str(port), "--max-model-len", str(WORKER_CONTEXT)],
@@ -51,8 +55,9 @@ def standin_gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server
             "name": "trt-0", "url": url, "engine": "trtllm", "block_size": 32, "models": [MODEL],
             "kv_events_endpoint": f"{url}/kv_cache_events", "tokenizer": str(model_dir)}]))
         (tmp / "repo").mkdir()
+        assert httpx.post(f"{url}/kv_cache_events", timeout=10).status_code == 401  # the key guards the events
         gateway = start_server(["--model-repository", str(tmp / "repo"), "--workers-file", str(workers_file)],
-                               tmp / "gateway.log")
+                               tmp / "gateway.log", env={"SLUICE_WORKER_KEY": WORKER_KEY})
         yield gateway
     finally:
         if gateway is not None:
@@ -68,7 +73,7 @@ def test_standin_chat_streams_through_the_gateway(standin_gateway: Server) -> No
     raw = sdk(standin_gateway).chat.completions.with_raw_response.create(
         model=MODEL, max_tokens=6, stream=True, stream_options={"include_usage": True},
         messages=[{"role": "user", "content": "Hello"}],
-        extra_body={"a_field_trtllm_would_refuse": 1})  # accepted and ignored by the gateway
+        extra_body={"ignore_eos": True})  # a vLLM extra trtllm-serve also takes
     assert raw.headers["x-sluice-worker"] == "trt-0"
     chunks = list(raw.parse())
     # The stand-in renders no chat template, so only the completion count is meaningful

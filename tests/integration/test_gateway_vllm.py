@@ -38,7 +38,7 @@ def test_chat_stream_equals_direct_worker_call(gateway: Server, workers: list[Wo
     worker = _by_name(workers, raw.headers["x-sluice-worker"])
     chunks = list(raw.parse())
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
-    direct = httpx.post(worker.url + "/v1/chat/completions", timeout=120, json={
+    direct = httpx.post(worker.url + "/v1/chat/completions", timeout=120, headers=worker.headers, json={
         "model": MODEL, "messages": CHAT, "temperature": 0, "max_tokens": 16, "ignore_eos": True}).json()
     assert text == direct["choices"][0]["message"]["content"]
     assert chunks[-1].usage.prompt_tokens == direct["usage"]["prompt_tokens"]
@@ -57,7 +57,7 @@ def test_completions_with_text_and_token_ids(gateway: Server, workers: list[Work
     raw = c.completions.with_raw_response.create(model=MODEL, prompt=ids, max_tokens=8, temperature=0,
                                                  extra_body={"ignore_eos": True})
     worker = _by_name(workers, raw.headers["x-sluice-worker"])
-    direct = httpx.post(worker.url + "/v1/completions", timeout=120, json={
+    direct = httpx.post(worker.url + "/v1/completions", timeout=120, headers=worker.headers, json={
         "model": MODEL, "prompt": ids, "max_tokens": 8, "temperature": 0, "ignore_eos": True}).json()
     assert raw.parse().choices[0].text == direct["choices"][0]["text"]
     streamed = c.completions.create(model=MODEL, prompt="Once upon a time", max_tokens=8, temperature=0,

@@ -32,7 +32,7 @@ def sdk(server: Server) -> openai.OpenAI:
 
 def _direct(workers: list[Worker], name: str, path: str, body: dict[str, Any]) -> dict[str, Any]:
     worker = next(w for w in workers if w.name == name)
-    r = httpx.post(worker.url + path, json={"model": MODEL, **body}, timeout=120)
+    r = httpx.post(worker.url + path, json={"model": MODEL, **body}, headers=worker.headers, timeout=120)
     assert r.status_code == 200, r.text
     return r.json()
 

@@ -4,7 +4,9 @@ The workers are the two real vLLM workers of conftest.py. The Kubernetes API is
 tests/standins/k8s_api_standin.py, a STAND-IN (no API server can run here), which the
 gateway's official `kubernetes` client reaches through a kubeconfig. Each worker gets
 its own slice (as a per-pod Service would), because both listen on 127.0.0.1 with
-different ports and one slice carries one port for all its endpoints.
+different ports and one slice carries one port for all its endpoints. Each worker
+also registers under its pod's name and URL with the registration key, as `sluice
+worker --gateway` does in a pod: a labelled slice alone admits nothing.
 """
 
 from __future__ import annotations
@@ -20,17 +22,20 @@ from typing import Any
 import httpx
 import pytest
 
+from engines.launchers.registration import WorkerRecord, register
 from gateway.discovery import K8sDiscovery, parse_discovery
 from gateway.http.app import build_state
 from gateway.settings import Settings
-from tests.integration.conftest import MODEL, Worker
+from tests.integration.conftest import MODEL, WORKER_KEY, Worker
+from tests.integration.security_support import new_key
 from tests.integration.vllm_support import engines_stopped
-from tests.servers import Server, llm_only_repository, start_server
+from tests.servers import Server, llm_only_repository, start_server, wait_healthy
 from tests.standins.k8s_api_standin import K8sApiStandin, endpoint_slice
 
 pytestmark = [pytest.mark.integration, pytest.mark.vllm]
 LABELS = {"app.kubernetes.io/component": "vllm-worker"}
 PODS = ("vllm-pod-a", "vllm-pod-b")
+REGISTRATION = new_key("registration")
 
 
 def _slice(worker: Worker, pod: str, ready: bool = True, terminating: bool = False) -> dict[str, Any]:
@@ -49,14 +54,19 @@ def cluster(workers: list[Worker], tmp_path_factory: pytest.TempPathFactory) -> 
     spec = (f"namespace=sluice,selector=app.kubernetes.io/component=vllm-worker,port=http,engine=vllm,"
             f"kubeconfig={api.write_kubeconfig(tmp / 'kubeconfig')},drain_s=30")
     gateway = start_server(["--model-repository", str(llm_only_repository(tmp)), "--k8s-discovery", spec],
-                           tmp / "gateway.log")
+                           tmp / "gateway.log", env={"SLUICE_WORKER_KEY": WORKER_KEY,
+                                                     "SLUICE_REGISTRATION_KEY": REGISTRATION}, wait=False)
+    for worker, pod in zip(workers, PODS, strict=True):
+        register(gateway.url, WorkerRecord(name=pod, url=worker.url, engine="vllm"), REGISTRATION)
+    wait_healthy(gateway, 240)
     yield api, gateway
     gateway.stop()
     api.stop()
 
 
 def _workers(gateway: Server) -> dict[str, dict[str, Any]]:
-    return {w["name"]: w for w in httpx.get(f"{gateway.url}/v1/admin/workers").json()["data"]}
+    r = httpx.get(f"{gateway.url}/v1/admin/workers", headers={"Authorization": f"Bearer {REGISTRATION}"})
+    return {w["name"]: w for w in r.json()["data"]}
 
 
 def _until(check: Callable[[], bool], timeout_s: float = 30.0) -> None:
@@ -138,6 +148,28 @@ def _session_for(gateway: Server, pod: str) -> str:
     raise AssertionError(f"no session maps to {pod}")
 
 
+def test_a_labelled_service_without_the_registration_key_is_refused(cluster: tuple[K8sApiStandin, Server],
+                                                                    workers: list[Worker]) -> None:
+    """Anyone who may label a Service cannot point the gateway at a pod: its endpoint never
+    registered with the registration key, so it is never routed to, whatever it answers."""
+    api, gateway = cluster
+    port = int(workers[1].url.rsplit(":", 1)[1])
+    rogue = endpoint_slice("sluice-rogue-x1", "sluice-rogue", [("rogue-pod", "127.0.0.1", True)], port=port,
+                           labels=LABELS)
+    api.put(rogue)
+    try:
+        _until(lambda: "endpoint rogue-pod at http://127.0.0.1:" in gateway.log()
+               and "is not admitted" in gateway.log())
+        assert "rogue-pod" not in _workers(gateway)
+        assert set(_served_by(gateway, 4, "Only registered workers")) == set(PODS)
+        # Registering it takes a key with the `workers` scope; without one it stays out.
+        r = httpx.post(f"{gateway.url}/v1/admin/workers", json={"name": "rogue-pod", "url": workers[1].url})
+        assert r.status_code == 401
+        assert "rogue-pod" not in _workers(gateway)
+    finally:
+        api.delete(rogue["metadata"]["name"])
+
+
 def test_api_outages_keep_workers_and_410_relists(cluster: tuple[K8sApiStandin, Server],
                                                   workers: list[Worker]) -> None:
     api, gateway = cluster
@@ -180,8 +212,10 @@ async def test_the_discovery_loop_and_its_watchers_are_supervised(workers: list[
     api.put(_slice(workers[0], PODS[0]))
     spec = f"selector=app.kubernetes.io/component=vllm-worker,namespace=sluice," \
            f"kubeconfig={api.write_kubeconfig(tmp_path / 'kubeconfig')}"
-    state = build_state(Settings(model_repository=None, grpc_port=0, k8s_discovery=(spec,)))
-    discovery = K8sDiscovery([parse_discovery(spec)], state.workers, retry_s=0.2)
+    state = build_state(Settings(model_repository=None, grpc_port=0, k8s_discovery=(spec,), worker_key=WORKER_KEY))
+    for worker, pod in zip(workers, PODS, strict=True):  # as their registrations would
+        await state.attestations.vouch(pod, worker.url)
+    discovery = K8sDiscovery([parse_discovery(spec)], state.workers, state.attestations, retry_s=0.2)
     reconcile, calls = discovery.reconcile, []
 
     async def dies_once() -> None:

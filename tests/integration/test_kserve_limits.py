@@ -127,6 +127,12 @@ def test_stream_reads_at_most_its_inflight_bound(server, gate):
     assert sorted(r.get_response().id for r, _ in got) == sorted(str(i) for i in range(10))
 
 
+def _echo_input() -> grpcclient.InferInput:
+    inp = grpcclient.InferInput("X", [1, 4], "FP32")
+    inp.set_data_from_numpy(np.arange(4, dtype=np.float32).reshape(1, 4))
+    return inp
+
+
 def test_concurrent_rpcs_beyond_the_bound_get_resource_exhausted(server, gate):
     client = grpcclient.InferenceServerClient(server.grpc_url)
     results: queue.Queue = queue.Queue()
@@ -137,8 +143,9 @@ def test_concurrent_rpcs_beyond_the_bound_get_resource_exhausted(server, gate):
         wait_for(lambda: len(list(gate.glob("started-*"))) > started and _pending(server) == MAX_RPCS,
                  "the RPCs to be in progress")
         with pytest.raises(InferenceServerException) as err:
-            client.is_server_live()
-        assert err.value.status() == "StatusCode.RESOURCE_EXHAUSTED"
+            client.infer("echo", [_echo_input()])
+        assert err.value.status() == "StatusCode.RESOURCE_EXHAUSTED" and "RPCs in progress" in err.value.message()
+        assert client.is_server_live() and client.is_server_ready()  # probes hold no slot and are not counted
         (gate / "closed").unlink()
         got = [results.get(timeout=120) for _ in range(MAX_RPCS)]
         assert all(e is None for _, e in got)

@@ -29,7 +29,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.integration.conftest import BLOCK, MODEL, Worker, gateway_over
+from tests.integration.conftest import BLOCK, MODEL, WORKER_KEY, Worker, gateway_over
 from tests.servers import Server, free_port, llm_only_repository, metric_value, start_server
 
 pytestmark = [
@@ -158,7 +158,7 @@ def _approx_gateway(workers: list[Worker], tmp: Path, *extra: str) -> Server:
     tmp.mkdir(parents=True, exist_ok=True)
     args = ["--model-repository", str(llm_only_repository(tmp)),
             "--workers-file", str(_workers_file(workers, tmp / "workers.yaml"))]
-    return start_server([*args, *extra], tmp / "gateway.log")
+    return start_server([*args, *extra], tmp / "gateway.log", env={"SLUICE_WORKER_KEY": WORKER_KEY})
 
 
 def test_without_events_only_redis_carries_the_placement(workers: list[Worker], redis_url: str,

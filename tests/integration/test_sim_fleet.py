@@ -95,7 +95,7 @@ def test_each_replica_is_its_own_registered_worker(fleet: Fleet) -> None:
         assert (w["url"], w["engine"], w["block_size"]) == (f"http://127.0.0.1:{fleet.port + i}", "sim", 128)
         sources = httpx.get(f"{w['url']}/kv_event_sources", timeout=10).json()["0"]
         assert (sources["endpoint"], sources["replay_endpoint"]) == (
-            f"tcp://*:{fleet.kv_port + 2 * i}", f"tcp://*:{fleet.kv_port + 2 * i + 1}")
+            f"tcp://[::ffff:127.0.0.1]:{fleet.kv_port + 2 * i}", f"tcp://127.0.0.1:{fleet.kv_port + 2 * i + 1}")
 
 
 def test_the_gateway_routes_to_every_replica(fleet: Fleet) -> None:

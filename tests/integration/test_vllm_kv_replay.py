@@ -67,7 +67,7 @@ def _prompt(k: int) -> list[int]:
 async def _complete(client: httpx.AsyncClient, worker: Worker, ids: list[int]) -> None:
     # Straight to the worker: the router adds no speculative entry, so what it
     # knows about this prompt it can only have learned from KV events.
-    response = await client.post(worker.url + "/v1/completions",
+    response = await client.post(worker.url + "/v1/completions", headers=worker.headers,
                                  json={"model": MODEL, "prompt": ids, "max_tokens": 1})
     response.raise_for_status()
 

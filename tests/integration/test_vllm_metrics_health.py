@@ -19,7 +19,7 @@ import pytest
 from router import Router, RouterConfig, WorkerInfo
 from router.telemetry.health import check_health
 from router.telemetry.load import ScrapedMetrics, scrape_metrics
-from tests.integration.conftest import BLOCK, MODEL, Worker
+from tests.integration.conftest import BLOCK, MODEL, WORKER_HEADERS, Worker
 from tests.integration.vllm_support import tiny_llama_dir
 
 pytestmark = [pytest.mark.integration, pytest.mark.vllm]
@@ -41,7 +41,7 @@ async def _long_stream(client: httpx.AsyncClient, url: str) -> AsyncIterator[Non
     """A generation that runs on the worker until the block exits (leaving it disconnects, and vLLM aborts)."""
     body = {"model": MODEL, "prompt": list(range(5100, 5140)), "max_tokens": 1900, "ignore_eos": True,
             "stream": True}
-    async with client.stream("POST", url + "/v1/completions", json=body) as response:
+    async with client.stream("POST", url + "/v1/completions", json=body, headers=WORKER_HEADERS) as response:
         response.raise_for_status()
         async for line in response.aiter_lines():
             if line.startswith("data: {"):

@@ -16,7 +16,7 @@ from engines.base import Delta, EngineRequest, SamplingParams
 from engines.remote import RemoteEngine, RemoteEngineConfig
 from router.index.events import BlockStored
 from router.index.transports import ZmqEventSubscriber
-from tests.integration.conftest import BLOCK, MODEL, Worker
+from tests.integration.conftest import BLOCK, MODEL, WORKER_HEADERS, WORKER_KEY, Worker
 from tests.integration.vllm_support import generation_tokens, metric_value
 
 pytestmark = [pytest.mark.integration, pytest.mark.vllm]
@@ -38,7 +38,7 @@ async def subscribed(workers: list[Worker]) -> AsyncIterator[list[Worker]]:
 
 @pytest.fixture(scope="module")
 async def engines(workers: list[Worker]) -> AsyncIterator[list[RemoteEngine]]:
-    out = [RemoteEngine(RemoteEngineConfig(w.url, name=f"w{i}")) for i, w in enumerate(workers)]
+    out = [RemoteEngine(RemoteEngineConfig(w.url, name=f"w{i}", api_key=WORKER_KEY)) for i, w in enumerate(workers)]
     for e in out:
         await e.start()
     yield out
@@ -57,7 +57,8 @@ async def _collect(engine: RemoteEngine, request: EngineRequest) -> list[Delta]:
 
 async def _direct(url: str, path: str, body: dict[str, object]) -> dict[str, object]:
     async with httpx.AsyncClient(timeout=120) as client:
-        response = await client.post(f"{url}{path}", json=body | {"model": MODEL, "stream": False})
+        response = await client.post(f"{url}{path}", json=body | {"model": MODEL, "stream": False},
+                                     headers=WORKER_HEADERS)
         response.raise_for_status()
         return response.json()
 

@@ -37,7 +37,7 @@ from router import Router, RouterConfig, WorkerInfo
 from router.index.events import BlockStored, EventBatch, decode_vllm_batch
 from router.index.transports import ZmqEventSubscriber
 from router.telemetry.load import parse_vllm_metrics
-from tests.integration.conftest import BLOCK, MODEL
+from tests.integration.conftest import BLOCK, MODEL, WORKER_HEADERS, WORKER_KEY
 from tests.integration.vllm_support import (
     ROOT,
     EngineBrake,
@@ -74,10 +74,11 @@ def _launch(engine: str, name: str, model_dir: Path, port: int, kv_port: int, ga
               "--kv-events-port", str(kv_port), "--max-model-len", str(MAX_MODEL_LEN), "--gateway", gateway,
               "--name", name]
     if engine == "vllm":
-        env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1", SLUICE_VLLM_PYTHON=vllm_python())
+        env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1", SLUICE_VLLM_PYTHON=vllm_python(),
+                   SLUICE_WORKER_KEY=WORKER_KEY)
         argv = [sys.executable, "-m", "engines.launchers", "--engine", "vllm", *common]
     else:
-        env = dict(os.environ)
+        env = dict(os.environ, SLUICE_WORKER_KEY=WORKER_KEY)
         argv = [sys.executable, "-m", "gateway.cli", "worker", "--engine", "sim", *common,
                 "--num-gpu-blocks", str(KV_GPU_BLOCKS), "--profile", "vllm-cpu-tiny-llama"]
     return subprocess.Popen(argv, cwd=ROOT, env=env, start_new_session=True)
@@ -94,7 +95,8 @@ def worker(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
     model_dir = tiny_llama_dir()
     tmp = tmp_path_factory.mktemp(f"contract-{engine}")
     (tmp / "repo").mkdir()
-    gateway = start_server(["--model-repository", str(tmp / "repo")], tmp / "gateway.log", wait=False)
+    gateway = start_server(["--model-repository", str(tmp / "repo")], tmp / "gateway.log", wait=False,
+                           env={"SLUICE_WORKER_KEY": WORKER_KEY})
     port, kv_port = free_port_pair(), free_port_pair()
     name = f"contract-{engine}"
     proc = _launch(engine, name, model_dir, port, kv_port, gateway.url)
@@ -112,11 +114,12 @@ def worker(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
 
 
 def _post(w: Contract, path: str, body: dict[str, Any]) -> httpx.Response:
-    return httpx.post(w.url + path, json={"model": MODEL, **body}, timeout=120)
+    return httpx.post(w.url + path, json={"model": MODEL, **body}, headers=WORKER_HEADERS, timeout=120)
 
 
 def _sse(w: Contract, path: str, body: dict[str, Any]) -> list[str]:
-    with httpx.stream("POST", w.url + path, json={"model": MODEL, "stream": True, **body}, timeout=120) as r:
+    with httpx.stream("POST", w.url + path, json={"model": MODEL, "stream": True, **body}, headers=WORKER_HEADERS,
+                      timeout=120) as r:
         r.raise_for_status()
         return [line for line in r.iter_lines() if line]
 
@@ -143,7 +146,7 @@ def _value(text: str, name: str) -> float:
 
 def test_models_card_and_health(worker: Contract) -> None:
     assert httpx.get(worker.url + "/health", timeout=10).status_code == 200
-    card = httpx.get(worker.url + "/v1/models", timeout=10).json()["data"][0]
+    card = httpx.get(worker.url + "/v1/models", headers=WORKER_HEADERS, timeout=10).json()["data"][0]
     assert (card["id"], card["object"], card["max_model_len"]) == (MODEL, "model", MAX_MODEL_LEN)
     assert Path(card["root"]) == worker.model_dir
 
@@ -236,10 +239,12 @@ def test_metrics_have_vllms_names_labels_and_cache_config(worker: Contract) -> N
 
 
 def test_kv_event_sources_as_vllm_serves_them(worker: Contract) -> None:
-    sources = httpx.get(worker.url + "/kv_event_sources", timeout=10).json()
+    sources = httpx.get(worker.url + "/kv_event_sources", headers=WORKER_HEADERS, timeout=10).json()
     cfg = sources["0"]
     assert (cfg["enable_kv_cache_events"], cfg["publisher"], cfg["topic"]) == (True, "zmq", "kv")
-    assert (cfg["endpoint"], cfg["replay_endpoint"]) == (f"tcp://*:{worker.kv_port}", f"tcp://*:{worker.kv_port + 1}")
+    # Bound on the worker's host alone: the PUB address spelled IPv4-mapped, which vLLM binds (see vllm.py).
+    assert (cfg["endpoint"], cfg["replay_endpoint"]) == (f"tcp://[::ffff:127.0.0.1]:{worker.kv_port}",
+                                                         f"tcp://127.0.0.1:{worker.kv_port + 1}")
 
 
 def _stored_tokens(batches: list[EventBatch]) -> list[int]:
@@ -259,7 +264,8 @@ async def _until(cond: Callable[[], bool], what: str, attempts: int = 200) -> No
 
 
 async def _complete(client: httpx.AsyncClient, w: Contract, ids: list[int]) -> None:
-    r = await client.post(w.url + "/v1/completions", json={"model": MODEL, "prompt": ids, "max_tokens": 1})
+    r = await client.post(w.url + "/v1/completions", json={"model": MODEL, "prompt": ids, "max_tokens": 1},
+                          headers=WORKER_HEADERS)
     r.raise_for_status()
 
 
@@ -368,7 +374,8 @@ def test_a_prompt_longer_than_the_context_is_a_400(worker: Contract) -> None:
 
 def test_an_unknown_model_is_a_404(worker: Contract) -> None:
     for path, body in (("/v1/completions", {"prompt": [1, 2, 3]}), ("/v1/chat/completions", {"messages": CHAT})):
-        r = httpx.post(worker.url + path, json={"model": "no-such-model", "max_tokens": 2, **body}, timeout=60)
+        r = httpx.post(worker.url + path, json={"model": "no-such-model", "max_tokens": 2, **body},
+                       headers=WORKER_HEADERS, timeout=60)
         assert r.status_code == 404
         error = r.json()["error"]
         assert (error["type"], error["code"]) == ("NotFoundError", 404) and "does not exist" in error["message"]
@@ -406,7 +413,8 @@ async def _hang_up_mid_answer(worker: Contract) -> float:
                 before = _value(_metrics(worker), "vllm:generation_tokens_total")
                 body = {"model": MODEL, "prompt": _prompt(11 + attempt, 40), "max_tokens": 1900,
                         "ignore_eos": True, "stream": True}
-                async with http.stream("POST", worker.url + "/v1/completions", json=body) as r:
+                async with http.stream("POST", worker.url + "/v1/completions", json=body,
+                                       headers=WORKER_HEADERS) as r:
                     lines = r.aiter_lines()
                     while not (await anext(lines)).startswith("data: {"):
                         pass

@@ -8,7 +8,9 @@ trtllm-serve documents, so Sluice's launcher and RemoteEngine can be tested:
   with request models that forbid unknown fields, like trtllm-serve's pydantic models;
 - the flat error body ``{"object": "error", "message", "type", "param", "code"}``;
 - ``POST /kv_cache_events`` (drains ``stored``/``removed`` events, blocks of 32 tokens);
-- ``GET /health``, ``GET /version``, ``GET /v1/models`` and JSON ``GET /metrics``.
+- ``GET /health``, ``GET /version``, ``GET /v1/models`` and JSON ``GET /metrics``;
+- with ``$SLUICE_WORKER_KEY`` set (what `sluice worker --engine trtllm` passes), every route
+  but ``/health`` and ``/metrics`` needs it as a bearer key (`engines.launchers.worker_guard`).
 
 Test controls (stand-in only): header ``X-Standin-Fault: html-500 | midstream-error |
 midstream-close``, and ``--token-delay-s``. Token "generation" is arithmetic on ids.
@@ -19,6 +21,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -28,6 +31,8 @@ import uvicorn
 import yaml
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from engines.launchers.worker_guard import WorkerKeyGuard
 
 TOKENS_PER_BLOCK = 32
 _SAMPLING = {"max_tokens", "temperature", "top_p", "seed", "stop", "presence_penalty", "frequency_penalty",
@@ -205,7 +210,9 @@ def main() -> None:
     args = parser.parse_args()
     options = yaml.safe_load(Path(args.extra_llm_api_options).read_text()) if args.extra_llm_api_options else {}
     state = StandinState(args.words[-1], args.max_seq_len, options or {}, args.token_delay_s)
-    uvicorn.run(make_app(state), host=args.host, port=args.port, log_level="warning")
+    key = os.environ.get("SLUICE_WORKER_KEY")
+    app = WorkerKeyGuard(make_app(state), key) if key else make_app(state)
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
 
 
 if __name__ == "__main__":

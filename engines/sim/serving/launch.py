@@ -19,7 +19,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from engines.launchers import WorkerEnvironment, registration
+from engines.launchers import WorkerEnvironment, registration, worker_key_from_args
+from engines.launchers.spec import WILDCARD_HOSTS
+from engines.launchers.vllm import bind_ipv4
 from engines.sim.model.config import SimConfig
 from engines.sim.model.profile import Profile, available, load_profile
 
@@ -29,7 +31,6 @@ if TYPE_CHECKING:  # the CLI imports this module to add flags; the servers are i
 log = logging.getLogger(__name__)
 
 DEFAULT_PROFILE = "vllm-cpu-smollm2-135m"  # the default LLM's
-_WILDCARD_HOSTS = ("0.0.0.0", "::", "")
 _FALLBACK_MAX_MODEL_LEN = 2048
 
 
@@ -93,9 +94,12 @@ def worker_settings(args: argparse.Namespace, model_root: str) -> list[WorkerSet
                          "set --kv-events-port")
     if http.stop > 65535 or kv.stop > 65535:
         raise ValueError("the fleet's ports run past 65535")
-    public = args.advertise_host or ("127.0.0.1" if args.host in _WILDCARD_HOSTS else args.host)
+    public = args.advertise_host or ("127.0.0.1" if args.host in WILDCARD_HOSTS else args.host)
+    if not args.no_kv_events:
+        bind_ipv4(args.host)  # ValueError now, not once the first worker has started
+    key = worker_key_from_args(args, WorkerEnvironment.from_environ(), "sim fleet")
     base = WorkerSettings(name="", model_name=args.served_model_name or args.model, model_root=model_root,
-                          host=args.host, port=0, public_host=public, kv_events_port=None)
+                          host=args.host, port=0, public_host=public, kv_events_port=None, worker_key=key)
     out = []
     for i, port in enumerate(http):
         name = (f"{args.name}-{i}" if n > 1 else args.name) if args.name else f"sim-{port}"
@@ -106,10 +110,10 @@ def worker_settings(args: argparse.Namespace, model_root: str) -> list[WorkerSet
 
 def run_sim(args: argparse.Namespace) -> int:
     workers = build_workers(args)
-    return asyncio.run(serve_fleet(workers, args.gateway, WorkerEnvironment.from_environ().admin_key))
+    return asyncio.run(serve_fleet(workers, args.gateway, WorkerEnvironment.from_environ().registration_key))
 
 
-async def serve_fleet(workers: list[SimWorker], gateway: str | None, admin_key: str | None,
+async def serve_fleet(workers: list[SimWorker], gateway: str | None, registration_key: str | None,
                       stop: asyncio.Event | None = None) -> int:
     """Start every worker, register them, wait for `stop` (default: SIGTERM/SIGINT), deregister, stop."""
     stop = stop or _stop_on_signals()
@@ -122,7 +126,7 @@ async def serve_fleet(workers: list[SimWorker], gateway: str | None, admin_key: 
             started.append(worker)
         if gateway:
             for worker in started:
-                await asyncio.to_thread(registration.register, gateway, worker.record(), admin_key)
+                await asyncio.to_thread(registration.register, gateway, worker.record(), registration_key)
                 registered.append(worker.settings.name)
         log.info("%d sim worker(s) ready", len(started))
         await stop.wait()
@@ -131,7 +135,7 @@ async def serve_fleet(workers: list[SimWorker], gateway: str | None, admin_key: 
         code = 1
     finally:
         for name in registered:
-            await asyncio.to_thread(registration.deregister, gateway or "", name, admin_key)
+            await asyncio.to_thread(registration.deregister, gateway or "", name, registration_key)
         for worker in started:
             await worker.stop()
     return code

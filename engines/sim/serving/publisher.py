@@ -2,8 +2,8 @@
 
 - PUB socket: each batch is ``[topic, seq, payload]``; ``seq`` counts from 0 as an
   8-byte big-endian integer, ``payload`` is `kv_events.encode_batch`. Like vLLM, the
-  socket binds when the endpoint contains ``*`` and connects otherwise (the
-  subscriber then binds).
+  socket binds when the endpoint contains ``*`` or ``::`` and connects otherwise (the
+  subscriber then binds); `engines.launchers.vllm.kv_bind_endpoints` spells one address.
 - Replay: a ROUTER socket bound at the replay endpoint keeps the last
   `buffer_steps` batches. A DEALER sends ``[b"", start_seq]``; it gets
   ``[b"", topic, seq, payload]`` for every kept batch from `start_seq` on, then
@@ -49,7 +49,7 @@ class KVEventPublisher:
         self._pub.setsockopt(zmq.LINGER, 0)
         self._replay: zmq.asyncio.Socket | None = None
         try:
-            if "*" in endpoint:
+            if "*" in endpoint or "::" in endpoint:
                 self._pub.bind(endpoint)
             else:
                 self._pub.connect(endpoint)

@@ -13,12 +13,14 @@ import logging
 import socket
 import time
 from collections.abc import Generator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import uvicorn
 
 from engines.launchers.registration import WorkerRecord
+from engines.launchers.vllm import kv_bind_endpoints
+from engines.launchers.worker_guard import WorkerKeyGuard
 from engines.sim.model.config import SimConfig
 from engines.sim.model.engine import SimEngine
 from engines.sim.model.profile import Profile
@@ -42,6 +44,7 @@ class WorkerSettings:
     public_host: str  # what others use to reach it
     kv_events_port: int | None  # PUB port; replay on the next one; None: no KV events
     topic: str = "kv"
+    worker_key: str | None = field(default=None, repr=False)  # every route but /health, /metrics needs it
 
     @property
     def url(self) -> str:
@@ -103,11 +106,12 @@ class SimWorker:
         try:
             if s.kv_events_port is not None:
                 p = s.kv_events_port
-                self.publisher = KVEventPublisher(f"tcp://*:{p}", f"tcp://*:{p + 1}", topic=s.topic)
+                self.publisher = KVEventPublisher(*kv_bind_endpoints(s.host, p), topic=s.topic)
                 self.driver.publisher = self.publisher
                 self._tasks.append(asyncio.create_task(self.publisher.serve_replay(), name=f"{s.name}-replay"))
             self._tasks.append(asyncio.create_task(self.driver.run(), name=f"{s.name}-engine"))
-            config = uvicorn.Config(build_app(self), log_level="warning", access_log=False, lifespan="off")
+            app = WorkerKeyGuard(build_app(self), s.worker_key) if s.worker_key else build_app(self)
+            config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off")
             self._server = _Server(config)
             self._serving = asyncio.create_task(self._server.serve(sockets=[sock]), name=f"{s.name}-http")
             while not self._server.started:

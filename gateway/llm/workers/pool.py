@@ -23,7 +23,7 @@ from engines.text.tokenizer import ChatTokenizer
 from engines.weights import resolve_llm
 from gateway.llm.registry import ModelRegistry
 from gateway.llm.targets import RouteHints, Target
-from gateway.llm.workers.probe import context_length, model_cards
+from gateway.llm.workers.probe import context_length, discover_kv_events, model_cards
 from router import NoWorkerError, Router, WorkerInfo
 
 log = logging.getLogger("sluice.workers")
@@ -91,22 +91,26 @@ class WorkerPool:
     """Owns the RemoteEngines and keeps the router and the LLM service in step."""
 
     def __init__(self, registry: ModelRegistry, router: Router, repository: Path | None, *,
-                 stall_timeout_s: float = 60.0) -> None:
+                 stall_timeout_s: float = 60.0, worker_key: str | None = None) -> None:
         self.registry = registry
         self.router = router
         self.repository = repository
         self.stall_timeout_s = stall_timeout_s
+        self.worker_key = worker_key  # sent to every worker; never logged
         self.engines: dict[str, RemoteEngine] = {}
         self.records: dict[str, WorkerRecord] = {}
         self._lock = asyncio.Lock()
 
     async def add(self, record: WorkerRecord) -> list[str]:
-        """Register or replace a worker; returns the model ids it serves.
+        """Register or replace a worker (a vLLM worker's KV-event endpoints read from it when the
+        record has none); returns the model ids it serves.
 
-        Raises SluiceError: UNAVAILABLE if the worker cannot be reached to list its models,
-        ALREADY_EXISTS if a model is already served in-process."""
+        Raises SluiceError: UNAVAILABLE if the worker cannot be reached to list its models or
+        refuses the worker key (code `probe.KEY_REFUSED`), ALREADY_EXISTS if a model is already
+        served in-process."""
+        record = await discover_kv_events(record, self.worker_key)
         async with self._lock:
-            cards = await model_cards(record.url)
+            cards = await model_cards(record.url, self.worker_key)
             models = record.models or tuple(cards)
             for m in models:
                 existing = self.registry.models.get(m)
@@ -125,7 +129,8 @@ class WorkerPool:
             old = self.engines.pop(record.name, None)
             engine = RemoteEngine(RemoteEngineConfig(record.url, name=record.name, served_model=served,
                                                      dialect=_DIALECTS[record.engine],  # type: ignore[arg-type]
-                                                     stall_timeout_s=self.stall_timeout_s))
+                                                     stall_timeout_s=self.stall_timeout_s,
+                                                     api_key=self.worker_key))
             await engine.start()
             self.engines[record.name] = engine
             self.records[record.name] = record

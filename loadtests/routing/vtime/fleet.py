@@ -42,14 +42,16 @@ from router import Ranking, Router, RouterConfig, WorkerInfo
 from router.index.hashing import root_hash
 from router.telemetry.load import ScrapedMetrics
 
-# A chooser ranks one request: the router's own policies, or an experiment's baseline.
-Chooser = Callable[[Router, str, Sequence[int], str], Ranking]
+# A chooser ranks one request: the router's own policies, or an experiment's baseline. A salted
+# session's requests are ranked with `cache_salt=` as well (the router's policies take it).
+Chooser = Callable[..., Ranking]
 _ARRIVE, _STEP, _OUTPUTS, _KV, _SCRAPE, _MAINTAIN = range(6)
 
 
 def policy_chooser(policy: str) -> Chooser:
-    def choose(router: Router, model: str, prompt: Sequence[int], session_key: str) -> Ranking:
-        return router.rank(model, prompt, policy=policy, session_key=session_key or None)
+    def choose(router: Router, model: str, prompt: Sequence[int], session_key: str,
+               cache_salt: str | None = None) -> Ranking:
+        return router.rank(model, prompt, policy=policy, session_key=session_key or None, cache_salt=cache_salt)
     return choose
 
 
@@ -158,7 +160,10 @@ class VirtualFleet:
         rid = f"{s.key}/{turn_index}"
         prompt = turn.prompt
         t0 = time.perf_counter()
-        ranking = self._chooser(self.router, self.config.model, prompt, s.routing_key)
+        if s.cache_salt is None:
+            ranking = self._chooser(self.router, self.config.model, prompt, s.routing_key)
+        else:
+            ranking = self._chooser(self.router, self.config.model, prompt, s.routing_key, cache_salt=s.cache_salt)
         decision_s = time.perf_counter() - t0
         best = ranking.best
         self.router.on_dispatch(rid, ranking, best.worker)
@@ -171,7 +176,7 @@ class VirtualFleet:
         self._outputs[rid] = []
         seed = xxhash.xxh64_intdigest(rid.encode()) & ((1 << 63) - 1)
         engine = self.engines[w]
-        engine.add_request(RequestSpec(rid, prompt, turn.max_tokens, seed, ignore_eos=True),
+        engine.add_request(RequestSpec(rid, prompt, turn.max_tokens, seed, ignore_eos=True, cache_salt=s.cache_salt),
                            self.now + self.config.request_delay_s)
         self._wake(w)
 

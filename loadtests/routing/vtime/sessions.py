@@ -33,6 +33,7 @@ class Session:
     start_s: float
     next_turn: NextTurn
     session_key: str = ""  # the `session` policy's key (a conversation, a user, an agent); "": `key`
+    cache_salt: str | None = None  # its tenant's prefix-cache namespace (engine and router); None: shared
 
     @property
     def routing_key(self) -> str:

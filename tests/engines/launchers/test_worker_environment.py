@@ -19,23 +19,24 @@ def _args(*argv: str) -> argparse.Namespace:
 
 
 def test_the_spec_carries_the_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    monkeypatch.setenv("SLUICE_ADMIN_KEY", "sk-admin-secret")
+    monkeypatch.setenv("SLUICE_REGISTRATION_KEY", "sk-registration-secret")
+    monkeypatch.setenv("SLUICE_ADMIN_KEY", "sk-admin-secret")  # never a worker's: it sends the registration key
     monkeypatch.setenv("SLUICE_VLLM_PYTHON", "/opt/vllm/bin/python")
     monkeypatch.setenv("SLUICE_TRTLLM_SERVE", "docker run trt 'trtllm-serve'")
     spec = spec_from_args(_args("--engine", "trtllm", "--model", str(tmp_path)), WorkerEnvironment.from_environ())
-    assert spec.admin_key == "sk-admin-secret" and "sk-admin-secret" not in repr(spec)
+    assert spec.registration_key == "sk-registration-secret" and "secret" not in repr(spec)
     assert spec.python == "/opt/vllm/bin/python"
     assert trtllm.build_trtllm_argv(spec, tmp_path / "o.yaml")[:4] == ["docker", "run", "trt", "trtllm-serve"]
 
 
 def test_flags_win_over_the_environment_and_nothing_is_read_unset(monkeypatch: pytest.MonkeyPatch,
                                                                    tmp_path: Path) -> None:
-    for name in ("SLUICE_ADMIN_KEY", "SLUICE_VLLM_PYTHON", "SLUICE_TRTLLM_SERVE"):
+    for name in ("SLUICE_REGISTRATION_KEY", "SLUICE_VLLM_PYTHON", "SLUICE_TRTLLM_SERVE"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("SLUICE_VLLM_PYTHON", "/opt/vllm/bin/python")
     env = WorkerEnvironment.from_environ()
     spec = spec_from_args(_args("--engine", "vllm", "--model", str(tmp_path), "--python", "/usr/bin/python3"), env)
-    assert spec.python == "/usr/bin/python3" and spec.admin_key is None
+    assert spec.python == "/usr/bin/python3" and spec.registration_key is None
     assert trtllm.serve_command(spec.trtllm_serve) == ["trtllm-serve"]
 
 

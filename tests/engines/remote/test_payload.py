@@ -117,3 +117,16 @@ def test_coalesce_merges_content_runs_but_keeps_finish_and_parser_output_apart()
     with_lp = [Delta(text="x", logprobs=[{"token": "x"}]), Delta(text="y", logprobs=[{"token": "y"}]), Delta(text="z")]
     merged = coalesce(with_lp)
     assert [(d.text, d.logprobs) for d in merged] == [("xy", [{"token": "x"}, {"token": "y"}]), ("z", None)]
+
+
+def test_vllm_gets_only_the_chat_fields_the_gateway_knows_and_the_tenant_salt() -> None:
+    req = _request("chat")
+    assert req.chat_body is not None
+    req.chat_body.update({"documents": [{"text": "injected"}], "truncate_prompt_tokens": 3, "priority": -9,
+                          "cache_salt": "client-picked", "continue_final_message": True})
+    req.cache_salt = "tenant-salt"
+    _, body = build_body(req, "vllm")
+    assert not {"documents", "truncate_prompt_tokens", "priority"} & set(body)
+    assert body["cache_salt"] == "tenant-salt" and body["continue_final_message"] is True
+    req.cache_salt = None
+    assert "cache_salt" not in build_body(req, "vllm")[1]

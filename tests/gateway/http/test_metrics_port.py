@@ -21,7 +21,7 @@ def test_metrics_port_needs_the_key_when_metrics_do(tmp_path: Path) -> None:
     (tmp_path / "repo").mkdir()
     port = free_port()
     server = start_server(["--model-repository", str(tmp_path / "repo"), "--metrics-port", str(port),
-                           "--metrics-require-key"], tmp_path / "gateway.log", env={"SLUICE_API_KEYS": KEY})
+                           "--metrics-require-key"], tmp_path / "gateway.log", env={"SLUICE_ADMIN_KEYS": KEY})
     try:
         url = f"http://127.0.0.1:{port}/metrics"
         refused = httpx.get(url, timeout=10)

@@ -1,9 +1,11 @@
 """`sluice worker --engine transformers` as a separate process behind a gateway:
-the worker contract (OpenAI HTTP, /health, /metrics), registration and deregistration."""
+the worker contract (OpenAI HTTP, /health, /metrics), registration and deregistration, and its
+worker key (every route but the probes needs it; the gateway sends it)."""
 
 from __future__ import annotations
 
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -19,13 +21,16 @@ from tests.servers import LLM_NAME, ROOT, Server, free_port, start_server, wait_
 
 pytestmark = pytest.mark.integration
 
+WORKER_KEY = secrets.token_hex(24)
+
 
 @pytest.fixture(scope="module")
 def front(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     """A gateway with an empty repository: its only LLM will be the registered worker."""
     tmp = tmp_path_factory.mktemp("front")
     (tmp / "empty-repo").mkdir()
-    server = start_server(["--model-repository", str(tmp / "empty-repo")], tmp / "gateway.log")
+    server = start_server(["--model-repository", str(tmp / "empty-repo")], tmp / "gateway.log",
+                          env={"SLUICE_WORKER_KEY": WORKER_KEY})
     yield server
     server.stop()
 
@@ -58,13 +63,17 @@ def test_worker_registers_serves_and_deregisters(front: Server, tmp_path: Path) 
     proc = subprocess.Popen(
         [sys.executable, "-m", "gateway.cli", "worker", "--engine", "transformers", "--model", LLM_NAME,
          "--host", "127.0.0.1", "--port", str(port), "--gateway", front.url, "--name", "tf-worker-a"],
-        cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+        env={**os.environ, "PYTHONUNBUFFERED": "1", "SLUICE_WORKER_KEY": WORKER_KEY})
     worker = Server(proc, port, 0, tmp_path / "worker.log")
     try:
         wait_healthy(worker, 240)
         own = httpx.get(worker.url + "/metrics")  # its own Prometheus endpoint, not vLLM's
         assert own.status_code == 200 and "sluice_engine_requests_running" in own.text
         assert "vllm:" not in own.text
+        assert httpx.get(worker.url + "/v1/models").status_code == 401  # its key guards what is not a probe
+        keyed = httpx.get(worker.url + "/v1/models", headers={"Authorization": f"Bearer {WORKER_KEY}"})
+        assert keyed.status_code == 200
         for _ in range(100):  # registration follows readiness
             if LLM_NAME in _models(front):
                 break

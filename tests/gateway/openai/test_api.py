@@ -88,7 +88,7 @@ def test_stream_ends_with_done(llm_server: Server) -> None:
     assert all(json.loads(d)["object"] == "chat.completion.chunk" for d in data[:-1])
 
 
-def test_developer_role_content_parts_and_unknown_fields(llm_server: Server) -> None:
+def test_developer_role_content_parts_and_unknown_fields_refused(llm_server: Server) -> None:
     def tokens(messages: list) -> list[int]:
         r = httpx.post(llm_server.url + "/tokenize", json={"model": LLM_NAME, "messages": messages})
         assert r.status_code == 200, r.text
@@ -100,9 +100,15 @@ def test_developer_role_content_parts_and_unknown_fields(llm_server: Server) -> 
     parts = [{"role": "user", "content": [{"type": "text", "text": "What is the capital of France?",
                                            "cache_control": {"type": "ephemeral"}}]}]
     assert tokens(parts) == tokens(FRANCE)
+    # A field the gateway does not know is refused as OpenAI refuses it (issue 20): it could change
+    # the prompt a worker runs after the gateway checked another.
+    with pytest.raises(openai.BadRequestError) as e:
+        client(llm_server).chat.completions.create(model=LLM_NAME, messages=parts,
+                                                   extra_body={"some_future_field": {"x": 1}})
+    assert e.value.body["param"] == "some_future_field"  # type: ignore[index]
+    assert e.value.body["message"] == "Unrecognized request argument supplied: some_future_field"  # type: ignore[index]
     r = client(llm_server).chat.completions.create(
-        model=LLM_NAME, temperature=0, max_completion_tokens=24, messages=parts,
-        extra_body={"some_future_field": {"x": 1}})
+        model=LLM_NAME, temperature=0, max_completion_tokens=24, messages=parts)
     assert "Paris" in r.choices[0].message.content
     assert r.usage.completion_tokens <= 24
 

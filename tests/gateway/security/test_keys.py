@@ -61,3 +61,17 @@ def test_bad_files_are_refused_without_quoting_keys(tmp_path: Path, text: str) -
     with pytest.raises(ValueError) as e:
         KeyRing(from_file(path))
     assert "sk-secret" not in str(e.value)
+
+
+def test_scopes_default_to_all_and_are_checked(tmp_path: Path) -> None:
+    path = tmp_path / "admin.yaml"
+    path.write_text("- {id: a, key: sk-a}\n- {id: b, key: sk-b, scopes: [workers, metrics]}\n")
+    ring = KeyRing(from_file(path))
+    a, b = ring.match("sk-a"), ring.match("sk-b")
+    assert a is not None and a.scopes == {"repository", "workers", "metrics"}
+    assert b is not None and b.scopes == {"workers", "metrics"}
+    for bad in ("[]", "[admin]", "workers", "[workers, 1]"):
+        path.write_text(f"- {{id: c, key: sk-secret-c, scopes: {bad}}}\n")
+        with pytest.raises(ValueError, match="'scopes' must be a non-empty list") as e:
+            from_file(path)
+        assert "sk-secret-c" not in str(e.value)

@@ -16,12 +16,13 @@ __all__ = ["Backend", "ComputeTimes", "StackedBackend", "create_instance"]
 
 
 def create_instance(config: ModelConfig, version_dir: Path, instance_index: int, host: Any,
-                    isolated_limit_s: float | None = None) -> Backend:
+                    isolated_limit_s: float | None = None, model_user: str | None = None) -> Backend:
     """Build instance number `instance_index` of a model version (blocking: loads the model).
 
     `host` is the manager (for BLS calls from python models). With `isolated_limit_s`
     (a python model with `isolation: process`), the instance runs in its own process
-    and that is its execute time limit (0: none). Raises ConfigError for a missing
+    and that is its execute time limit (0: none); `model_user` is the user that process
+    runs as (None: the server's). Raises ConfigError for a missing
     model file or a model that does not match its config.
     """
     backend = config.backend
@@ -36,7 +37,7 @@ def create_instance(config: ModelConfig, version_dir: Path, instance_index: int,
     if backend == "python" and isolated_limit_s is not None:
         from engines.classic.execution.backends.isolated import IsolatedPythonBackend
 
-        return IsolatedPythonBackend(config, version_dir, instance_index, isolated_limit_s)
+        return IsolatedPythonBackend(config, version_dir, instance_index, isolated_limit_s, model_user)
     if backend == "python":
         from engines.classic.execution.backends.python import load_python_instance
 

@@ -10,6 +10,9 @@ processes, and with the same model code and `pb_utils`:
 - A batch past the time limit kills the process (SIGKILL) and fails with
   UNAVAILABLE; the next batch starts a new process. So here the limit is hard, and
   the scheduler does not abandon this instance (`enforces_time_limit`).
+- What the process may reach is `sandbox.py`'s: an allow-listed environment (no keys), a
+  session of its own that is killed whole (grandchildren too) on a timeout, a crash or a
+  close, optionally another user (`--python-model-user`), and only the segments it is handed.
 - Every call blocks; it runs on the instance's own thread, never on the event loop.
 - BLS is refused inside the process, with a message saying so.
 """
@@ -32,7 +35,7 @@ import numpy as np
 
 import engines
 from engines.classic.errors import ConfigError, InferError
-from engines.classic.execution.backends import shm
+from engines.classic.execution.backends import sandbox, shm
 from engines.classic.execution.backends.base import Backend, ComputeTimes, model_file
 from engines.classic.proto import ModelConfig
 from engines.classic.repository.config import to_json
@@ -49,7 +52,7 @@ _INIT_TIMEOUT_S = 600.0  # initialize() may load weights; a hung one still ends
 _FIRST_SEGMENT_BYTES = 1 << 20
 _MAX_REPLY_BYTES = 64 << 20  # metadata only: a reply this large is a broken process
 _MAX_OUTPUT_BYTES = 4 << 30  # one batch's outputs; a process asking for more is treated as broken
-_swept = False  # stale segments of dead servers are removed once per process, at the first isolated instance
+_PYTHON = sys.executable  # the model user must be able to run it and read its packages
 
 
 class _Lost(Exception):
@@ -63,21 +66,21 @@ class _Lost(Exception):
 class IsolatedPythonBackend(Backend):
     enforces_time_limit = True
 
-    def __init__(self, config: ModelConfig, version_dir: Path, index: int, time_limit_s: float) -> None:
+    def __init__(self, config: ModelConfig, version_dir: Path, index: int, time_limit_s: float,
+                 user: str | None = None) -> None:
         super().__init__(config)
         model_file(config, version_dir, "model.py")  # a file outside the model is refused before any spawn
-        global _swept
-        if not _swept:
-            _swept = True
-            for name in shm.sweep_stale():
-                log.info("removed shared-memory segment %s of a server that is gone", name)
+        try:
+            self._user = None if user is None else sandbox.resolve_user(user)
+        except ValueError as exc:
+            raise ConfigError(f"model '{config.name}': {exc}") from None
         self._init = {"op": "init", "config": to_json(config), "version_dir": str(version_dir), "index": index}
         self._limit_s = time_limit_s
-        self._prefix = f"sluice-{os.getpid()}-{index}"
         self._proc: subprocess.Popen[bytes] | None = None
         self._conn: Connection | None = None
-        self._in = shm.Segment.create(self._prefix, _FIRST_SEGMENT_BYTES)
-        self._out = shm.Segment.create(self._prefix, _FIRST_SEGMENT_BYTES)
+        self._sock: socket.socket | None = None
+        self._in = shm.Segment.create(_FIRST_SEGMENT_BYTES)
+        self._out = shm.Segment.create(_FIRST_SEGMENT_BYTES)
         try:
             self._spawn()
         except BaseException:
@@ -88,15 +91,23 @@ class IsolatedPythonBackend(Backend):
     def _spawn(self) -> None:
         """Start the process and run initialize(); raises ConfigError with the model's reason."""
         ours, theirs = socket.socketpair()
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(_ROOT), os.environ.get("PYTHONPATH"))
-                                                          if p))
+        user = self._user
+        env = sandbox.child_env(os.pathsep.join(p for p in (str(_ROOT), os.environ.get("PYTHONPATH")) if p), user)
         try:
-            self._proc = subprocess.Popen([sys.executable, "-m", "engines.classic.execution.backends.stub",
+            self._proc = subprocess.Popen([_PYTHON, "-m", "engines.classic.execution.backends.stub",
                                            str(theirs.fileno())], pass_fds=(theirs.fileno(),),
-                                          stdin=subprocess.DEVNULL, env=env)
+                                          stdin=subprocess.DEVNULL, env=env, start_new_session=True,
+                                          user=user.uid if user else None, group=user.gid if user else None,
+                                          extra_groups=[] if user else None)
+        except OSError as exc:  # e.g. the model user may not run the interpreter
+            ours.close()
+            who = f" as user {user.name}" if user else ""
+            raise ConfigError(f"model '{self.config.name}' (isolation 'process'): cannot start {_PYTHON}{who}: "
+                              f"{exc.strerror or exc}") from None
         finally:
             theirs.close()
-        self._conn = Connection(ours.detach())
+        self._sock = ours
+        self._conn = Connection(os.dup(ours.fileno()))
         try:
             self._send(self._init)
             reply = self._recv(time.monotonic() + _INIT_TIMEOUT_S, "initialize()")
@@ -110,27 +121,30 @@ class IsolatedPythonBackend(Backend):
 
     def _kill(self) -> None:
         if self._proc is not None:
-            self._proc.kill()
+            sandbox.kill_tree(self._proc.pid)  # its process group: what the model started dies with it
             self._proc.wait()
         if self._conn is not None:
             self._conn.close()
-        self._proc = self._conn = None
+        if self._sock is not None:
+            self._sock.close()
+        self._proc = self._conn = self._sock = None
 
     def _status(self) -> str:
         if self._proc is None:
             return "not running"
-        try:
-            code = self._proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
+        code = sandbox.exit_status(self._proc.pid, 5.0)  # not reaped: `_kill` still kills its group
+        if code is None:
             return "not responding"
         if code < 0:
             return f"killed by {signal.Signals(-code).name}"
         return f"exit code {code}"
 
-    def _send(self, message: dict[str, Any]) -> None:
-        assert self._conn is not None  # only called with a running process
+    def _send(self, message: dict[str, Any], segments: tuple[shm.Segment, ...] = ()) -> None:
+        assert self._conn is not None and self._sock is not None  # only called with a running process
         try:
             self._conn.send_bytes(json.dumps(message).encode())
+            if segments:
+                shm.send(self._sock, list(segments))
         except OSError:
             raise _Lost(f"model '{self.config.name}': its process exited ({self._status()})",
                         ErrorKind.INTERNAL) from None
@@ -181,7 +195,7 @@ class IsolatedPythonBackend(Backend):
                          "priority": request.priority, "timeout": request.timeout_us})
         deadline = time.monotonic() + self._limit_s if self._limit_s else None
         self._send({"op": "execute", "input": self._in.describe(), "output": self._out.describe(),
-                    "requests": sent}, )
+                    "requests": sent}, (self._in, self._out))
         reply = self._recv(deadline, "execute()")
         if "need" in reply:
             need = int(reply["need"])
@@ -189,7 +203,7 @@ class IsolatedPythonBackend(Backend):
                 raise _Lost(f"model '{self.config.name}': its outputs need {need} bytes, more than the "
                             f"{_MAX_OUTPUT_BYTES} one batch may return", ErrorKind.INTERNAL)
             self._out = self._grown(self._out, need)
-            self._send({"op": "grow", "output": self._out.describe()})
+            self._send({"op": "grow", "output": self._out.describe()}, (self._out,))
             reply = self._recv(deadline, "execute()")
         return self._results(reply, len(requests))
 
@@ -209,12 +223,11 @@ class IsolatedPythonBackend(Backend):
 
     def _grown(self, old: shm.Segment, size: int) -> shm.Segment:
         try:
-            new = shm.Segment.create(self._prefix, max(size, 2 * old.size))
+            new = shm.Segment.create(max(size, 2 * old.size))
         except OSError as exc:  # /dev/shm is full: this batch fails, the process starts clean
             raise _Lost(f"model '{self.config.name}': no shared memory for {size} bytes: {exc}",
                         ErrorKind.UNAVAILABLE) from None
-        old.close()
-        old.unlink()  # the process may still map it until it maps the new one; the memory goes with the last
+        old.close()  # the process may still map it until it maps the new one; the memory goes with the last
         return new
 
     # ---- close ------------------------------------------------------------------------------
@@ -222,8 +235,8 @@ class IsolatedPythonBackend(Backend):
         if self._proc is not None and self._conn is not None:
             try:
                 self._send({"op": "close"})
-                self._proc.wait(timeout=10)
-            except (_Lost, subprocess.TimeoutExpired):
+                sandbox.exit_status(self._proc.pid, 10.0)  # then `_kill` ends what it left running
+            except _Lost:
                 pass
         self._kill()
         self._release()
@@ -231,4 +244,3 @@ class IsolatedPythonBackend(Backend):
     def _release(self) -> None:
         for segment in (self._in, self._out):
             segment.close()
-            segment.unlink()

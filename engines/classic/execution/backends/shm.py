@@ -1,8 +1,11 @@
 """Shared-memory segments carrying tensors between the server and a model process.
 
-A `Segment` is a POSIX shared-memory object (a file in /dev/shm) mapped into both
-processes. The server creates, grows (by replacing) and unlinks every segment, so a
-model process that dies leaks none; the model process only maps them by name.
+A `Segment` is an anonymous shared-memory file (Linux `memfd_create`; elsewhere a temporary
+file unlinked at once) mapped into both processes. It has no name anywhere: /dev/shm lists
+nothing, and a model process reaches only the segments its server hands it, as file
+descriptors over its socket (`send`/`receive`, SCM_RIGHTS). The server creates, grows (by
+replacing) and closes every segment; the memory goes with the last mapping, so a process
+that dies leaks none, nor does a server that is killed.
 
 `pack` lays arrays out at 64-byte aligned offsets and returns their metadata, plain
 JSON: `{"name", "dtype" (wire name), "shape", "offset", "nbytes"}`. `unpack` reads
@@ -20,78 +23,85 @@ import math
 import mmap
 import os
 import secrets
+import socket
 import struct
+import tempfile
 from typing import Any, NamedTuple
 
 import numpy as np
 
 from engines.classic.dtypes import as_bytes_array, numpy_to_wire, wire_to_numpy
 
-SHM_DIR = "/dev/shm"
 _ALIGN = 64
 _LEN = struct.Struct("<I")
+_MAX_FDS = 2  # per message: the input and the output segment
 
 
 class Segment:
-    def __init__(self, name: str, size: int, create: bool) -> None:
-        if "/" in name or not name:
-            raise ValueError(f"bad shared-memory segment name {name!r}")
-        self.name = name
+    """`fd` is an open shared-memory file of at least `size` bytes; the server's segment keeps it (to hand
+    to a restarted process), the model process's closes it once mapped. `id` tells segments apart."""
+
+    def __init__(self, fd: int, size: int, segment_id: str, keep_fd: bool) -> None:
+        self.id = segment_id
         self.size = max(size, 1)
-        self.path = os.path.join(SHM_DIR, name)
-        fd = os.open(self.path, os.O_RDWR | (os.O_CREAT | os.O_EXCL if create else 0), 0o600)
         try:
-            if create:
-                os.ftruncate(fd, self.size)
             self._mmap = mmap.mmap(fd, self.size)
         finally:
-            os.close(fd)
+            if not keep_fd:
+                os.close(fd)
+        self.fd = fd if keep_fd else -1
         self.buf = memoryview(self._mmap)
 
     @classmethod
-    def create(cls, prefix: str, size: int) -> Segment:
-        return cls(f"{prefix}-{secrets.token_hex(6)}", size, create=True)
+    def create(cls, size: int) -> Segment:
+        fd = _anonymous_file()
+        try:
+            os.ftruncate(fd, max(size, 1))
+            return cls(fd, size, secrets.token_hex(8), keep_fd=True)
+        except BaseException:
+            os.close(fd)
+            raise
+
+    @classmethod
+    def attach(cls, fd: int, description: dict[str, Any]) -> Segment:
+        """Map a received segment (`describe()` of the server's); `fd` is closed."""
+        return cls(fd, int(description["size"]), str(description["id"]), keep_fd=False)
 
     def describe(self) -> dict[str, Any]:
-        return {"name": self.name, "size": self.size}
+        return {"id": self.id, "size": self.size}
 
     def close(self) -> None:
-        """Unmap; a view a model still holds keeps the mapping alive until it is dropped."""
+        """Unmap and close; a view a model still holds keeps the mapping alive until it is dropped."""
         self.buf.release()
         with contextlib.suppress(BufferError):
             self._mmap.close()
-
-    def unlink(self) -> None:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(self.path)
-
-
-def sweep_stale(prefix: str = "sluice-") -> list[str]:
-    """Unlink segments `<prefix><pid>-...` whose creating server process is gone (one that was killed
-    cannot unlink its own); returns their names. A live process's segments are left alone."""
-    removed: list[str] = []
-    try:
-        names = os.listdir(SHM_DIR)
-    except OSError:
-        return removed
-    for name in names:
-        pid_text = name[len(prefix):].split("-", 1)[0] if name.startswith(prefix) else ""
-        if not pid_text.isdigit() or _alive(int(pid_text)):
-            continue
-        with contextlib.suppress(OSError):
-            os.unlink(os.path.join(SHM_DIR, name))
-            removed.append(name)
-    return removed
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:  # exists, owned by someone else
-        return True
-    return True
+def _anonymous_file() -> int:
+    if hasattr(os, "memfd_create"):
+        return os.memfd_create("sluice-tensors", os.MFD_CLOEXEC)
+    fd, path = tempfile.mkstemp(prefix="sluice-tensors-")
+    os.unlink(path)
+    return fd
+
+
+def send(sock: socket.socket, segments: list[Segment]) -> None:
+    """Hand `segments` to the peer (after the message that names them)."""
+    socket.send_fds(sock, [b"F"], [s.fd for s in segments])
+
+
+def receive(sock: socket.socket, count: int) -> list[int]:
+    """The `count` file descriptors `send` handed over (close-on-exec); map each with `Segment.attach`."""
+    flags = getattr(socket, "MSG_CMSG_CLOEXEC", 0)
+    data, fds, _, _ = socket.recv_fds(sock, 1, _MAX_FDS, flags)
+    if data != b"F" or len(fds) != count:
+        for fd in fds:
+            os.close(fd)
+        raise ValueError(f"expected {count} shared-memory segments, got {len(fds)}")
+    return fds
 
 
 def _aligned(n: int) -> int:

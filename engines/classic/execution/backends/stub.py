@@ -9,15 +9,18 @@ never unpickles what model code could have written.
 
 Messages, server -> process:
 - `{"op": "init", "config": <ModelConfig JSON>, "version_dir": str, "index": int}`
-- `{"op": "execute", "input": {"name", "size"}, "output": {"name", "size"},
+- `{"op": "execute", "input": {"id", "size"}, "output": {"id", "size"},
    "requests": [{"inputs": [meta], "outputs": [str] | null, "batch_size": int,
                  "parameters": {...}, "id": str, "priority": int, "timeout": int}]}`
-- `{"op": "grow", "output": {"name", "size"}}`, the answer to `need`
+- `{"op": "grow", "output": {"id", "size"}}`, the answer to `need`
 - `{"op": "close"}`: finalize and exit
 Process -> server:
 - `{"ok": true}` or `{"error": str}` after init
 - `{"results": [{"outputs": [meta]} | {"error": str, "kind": str}], "timings": [in_ns, infer_ns, out_ns]}`
 - `{"need": bytes}`: the outputs do not fit the output segment; the server sends `grow`
+
+Each `execute` is followed by the input and output segments' file descriptors, each `grow` by the
+output's (`shm.send`, SCM_RIGHTS): the segments have no names a process could open by itself.
 
 The process exits when the server closes the socket, and (on Linux) when the server
 dies. BLS calls are refused with a clear error: there is no scheduler in here.
@@ -27,7 +30,9 @@ from __future__ import annotations
 
 import faulthandler
 import json
+import os
 import signal
+import socket
 import sys
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -36,6 +41,7 @@ from typing import Any
 from engines.classic.errors import InferError
 from engines.classic.execution.backends import pb_utils, shm
 from engines.classic.execution.backends.base import Backend
+from engines.classic.execution.backends.sandbox import harden_self
 from engines.classic.execution.threads import describe
 from engines.classic.repository.config import parse_json
 from engines.classic.request import InferRequest
@@ -57,18 +63,25 @@ def _jsonable(value: Any) -> Any:
 
 
 class _Segments:
-    """The server's segments, mapped by name; a replaced one is unmapped once the next is mapped."""
+    """The server's segments, as it hands them over with each message that names them; one already mapped
+    is not mapped again, and a replaced one is unmapped once the next is mapped."""
 
-    def __init__(self) -> None:
+    def __init__(self, sock: socket.socket) -> None:
+        self._sock = sock
         self._by_role: dict[str, shm.Segment] = {}
 
-    def get(self, role: str, desc: dict[str, Any]) -> shm.Segment:
-        current = self._by_role.get(role)
-        if current is None or current.name != desc["name"]:
+    def receive(self, roles: dict[str, dict[str, Any]]) -> None:
+        for (role, desc), fd in zip(roles.items(), shm.receive(self._sock, len(roles)), strict=True):
+            current = self._by_role.get(role)
+            if current is not None and current.id == desc["id"]:
+                os.close(fd)
+                continue
             if current is not None:
                 current.close()
-            current = self._by_role[role] = shm.Segment(str(desc["name"]), int(desc["size"]), create=False)
-        return current
+            self._by_role[role] = shm.Segment.attach(fd, desc)
+
+    def __getitem__(self, role: str) -> shm.Segment:
+        return self._by_role[role]
 
 
 def _requests(config_name: str, msg: dict[str, Any], segment: shm.Segment) -> list[InferRequest]:
@@ -79,7 +92,8 @@ def _requests(config_name: str, msg: dict[str, Any], segment: shm.Segment) -> li
 
 
 def _execute(conn: Connection, backend: Backend, msg: dict[str, Any], segments: _Segments) -> None:
-    requests = _requests(backend.config.name, msg, segments.get("input", msg["input"]))
+    segments.receive({"input": msg["input"], "output": msg["output"]})
+    requests = _requests(backend.config.name, msg, segments["input"])
     try:
         results = backend.execute(requests)
     except BaseException as exc:  # the backends catch model errors already; this is the last guard
@@ -88,12 +102,10 @@ def _execute(conn: Connection, backend: Backend, msg: dict[str, Any], segments: 
     del requests  # drop the input views before the server may replace the segment
     encoded = [_encode(backend.config.name, r) for r in results]
     size = sum(shm.packed_size(e) for e in encoded if isinstance(e, list))
-    out_desc = msg["output"]
-    if size > int(out_desc["size"]):
+    if size > segments["output"].size:
         send(conn, {"need": size})
-        reply = json.loads(conn.recv_bytes())
-        out_desc = reply["output"]
-    segment = segments.get("output", out_desc)
+        segments.receive({"output": json.loads(conn.recv_bytes())["output"]})
+    segment = segments["output"]
     offset, answers = 0, list[dict[str, Any]]()
     for item in encoded:
         if isinstance(item, InferError):
@@ -124,6 +136,8 @@ def _load(init: dict[str, Any]) -> Backend:
 
 def main(argv: list[str]) -> int:
     conn = Connection(int(argv[1]))
+    sock = socket.socket(fileno=os.dup(int(argv[1])))  # the same socket, for the segments' descriptors
+    harden_self()  # before any model code runs
     die_with_parent()  # not Linux: the process still exits when the socket closes
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the server decides when this process stops
     faulthandler.enable()  # a segfault in model code leaves its traceback in the server's log
@@ -133,7 +147,7 @@ def main(argv: list[str]) -> int:
         send(conn, {"error": str(exc) if isinstance(exc, Exception) else describe(exc)})
         return 1
     send(conn, {"ok": True})
-    segments = _Segments()
+    segments = _Segments(sock)
     while True:
         try:
             msg = json.loads(conn.recv_bytes())

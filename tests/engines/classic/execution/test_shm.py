@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from pathlib import Path
+import socket
 
 import numpy as np
 import pytest
@@ -13,10 +13,9 @@ from engines.classic.execution.backends import shm
 
 @pytest.fixture()
 def segment():
-    seg = shm.Segment.create(f"sluice-test-{os.getpid()}", 4096)
+    seg = shm.Segment.create(4096)
     yield seg
     seg.close()
-    seg.unlink()
 
 
 def test_round_trip_every_dtype_bit_for_bit(segment):
@@ -65,13 +64,26 @@ def test_too_large_for_the_segment(segment):
         shm.pack(shm.encode({"x": np.zeros(2048, np.float32)}), segment)
 
 
-def test_sweep_removes_segments_of_dead_servers_only(segment):
-    dead = 2**22 + 12345  # above Linux's default pid_max: no such process
-    stale = Path(shm.SHM_DIR) / f"sluice-{dead}-0-feedbeef"
-    stale.write_bytes(b"x")
+def test_segments_have_no_name_and_travel_as_descriptors():
+    """Nothing in /dev/shm names a segment; a peer maps one only from the descriptor it was handed."""
+    before = set(os.listdir("/dev/shm"))
+    ours, theirs = socket.socketpair()
+    seg = shm.Segment.create(4096)
     try:
-        removed = shm.sweep_stale()
-        assert stale.name in removed and not stale.exists()
-        assert Path(segment.path).exists()  # this process is alive: its segment stays
+        assert set(os.listdir("/dev/shm")) == before
+        assert os.readlink(f"/proc/self/fd/{seg.fd}").startswith("/memfd:")
+        seg.buf[:5] = b"hello"
+        shm.send(ours, [seg])
+        (fd,) = shm.receive(theirs, 1)
+        peer = shm.Segment.attach(fd, seg.describe())
+        assert bytes(peer.buf[:5]) == b"hello" and peer.id == seg.id and peer.fd == -1
+        peer.buf[:5] = b"world"
+        assert bytes(seg.buf[:5]) == b"world"
+        peer.close()
+        shm.send(ours, [seg])
+        with pytest.raises(ValueError, match="expected 2 shared-memory segments, got 1"):
+            shm.receive(theirs, 2)
     finally:
-        stale.unlink(missing_ok=True)
+        seg.close()
+        ours.close()
+        theirs.close()

@@ -19,8 +19,9 @@ while (alive := sum(1 for n in ray.nodes() if n["Alive"])) < want:
     time.sleep(5)
 print(f"{alive} Ray nodes joined")
 PY
-# Registers with the gateway as a single-node worker does (SLUICE_GATEWAY= to skip).
+# Registers with the gateway as a single-node worker does (SLUICE_GATEWAY= to skip). Every socket
+# binds this node's address alone; the worker key comes as $SLUICE_WORKER_KEY.
 GATEWAY=${SLUICE_GATEWAY-http://sluice-gateway:8000}
 register=(); if [ -n "$GATEWAY" ]; then register=(--gateway "$GATEWAY"); fi
-exec sluice worker --engine vllm --model /models/Llama-3.1-70B-Instruct --served-model-name llama-3.1-70b --tensor-parallel-size 8 --pipeline-parallel-size 2 --host 0.0.0.0 --port 8100 \
-  --advertise-host "$HOST_IP" --name "${SLUICE_WORKER_NAME:-$(hostname)}" "${register[@]}" -- --distributed-executor-backend ray
+exec sluice worker --engine vllm --model /models/Llama-3.1-70B-Instruct --served-model-name llama-3.1-70b --tensor-parallel-size 8 --pipeline-parallel-size 2 --port 8100 \
+  --host "$HOST_IP" --advertise-host "$HOST_IP" --name "${SLUICE_WORKER_NAME:-$(hostname)}" "${register[@]}" -- --distributed-executor-backend ray
