@@ -59,7 +59,7 @@ class OffLoopJSONRoute(APIRoute):
                 if len(body) > INLINE_JSON_BYTES:
                     pool = state_of(request).renderer
                     # Starlette's Request.json() returns this; FastAPI then validates a model instance in no time.
-                    request._json = await pool.run(partial(_decode_and_validate, body, field), deadline=False)
+                    request._json = await pool.bulk(partial(_decode_and_validate, body, field))
             return await handler(request)
 
         return off_loop
@@ -70,4 +70,4 @@ async def read_json(request: Request, loads: Callable[[bytes], Any]) -> Any:
     body = await request.body()
     if len(body) <= INLINE_JSON_BYTES:
         return loads(body)
-    return await state_of(request).renderer.run(partial(loads, body), deadline=False)
+    return await state_of(request).renderer.bulk(partial(loads, body))

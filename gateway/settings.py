@@ -72,7 +72,10 @@ class Settings(BaseSettings):
     max_stream_buffer_bytes: int = Field(default=1024 * 1024, ge=4096)
     engine_max_batch_size: int = Field(default=32, ge=1)
     template_timeout_s: float = Field(default=5.0, gt=0.0)  # one chat-template render, off the event loop
-    template_threads: int = Field(default=4, ge=1, le=64)  # renders and tokenizations at once; beyond it 503
+    template_threads: int = Field(default=4, ge=1, le=64)  # chat-template renders at once; then wait, then 503
+    # Tokenizations and large JSON decodes at once, on threads of their own (renders never wait for them);
+    # one key holds at most half of them. Beyond it they wait, then 503.
+    bulk_threads: int = Field(default=4, ge=1, le=64)
     # Client text of one request (prompts, messages, text_input, embedding inputs), in characters, before it is
     # tokenized off the event loop; more is refused with 400. None: --max-body-bytes (gRPC's text_input too).
     max_prompt_chars: int | None = Field(default=None, ge=1)
@@ -87,6 +90,9 @@ class Settings(BaseSettings):
     admin_keys_file: Path | None = None  # entries may list `scopes` (repository, workers, metrics); default all
     registration_key: str | None = Field(default=None, repr=False)  # SLUICE_REGISTRATION_KEY: `workers` scope only
     registration_key_file: Path | None = None  # ... or keys in a file (several: rotation)
+    # SLUICE_ATTESTATION_KEY: a secret only the gateway replicas share; it MACs the registrations they
+    # share through Redis, so writing Redis cannot admit a discovered worker (gateway.discovery.attest).
+    attestation_key: str | None = Field(default=None, repr=False)
     # The key this gateway sends every worker (static, from a file, registered or discovered), as
     # `Authorization: Bearer`: SLUICE_WORKER_KEY, or the first line of --worker-key-file.
     worker_key: str | None = Field(default=None, repr=False)
@@ -144,6 +150,8 @@ class Settings(BaseSettings):
         if self.otlp_endpoint is not None and not self.otlp_endpoint.startswith(("http://", "https://")):
             raise ValueError(f"otlp endpoint must be an http:// or https:// URL (OTLP/HTTP), got "
                              f"{self.otlp_endpoint!r}")
+        if self.attestation_key is not None and len(self.attestation_key.strip()) < 16:
+            raise ValueError("SLUICE_ATTESTATION_KEY must be at least 16 characters (e.g. `openssl rand -hex 32`)")
         for spec in self.k8s_discovery:
             parse_discovery(spec)
         if self.k8s_discovery:

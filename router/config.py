@@ -62,6 +62,10 @@ class WorkerInfo:
     # KV capacity in blocks, for approximate mode (no events). None: learn it
     # from /metrics (num_gpu_blocks) or use RouterConfig.approx_capacity_blocks.
     capacity_blocks: int | None = None
+    # Whether requests to this worker carry the request's `cache_salt`, which namespaces its prefix
+    # cache (vLLM, the simulator). False: the gateway sends none (TRT-LLM, plain OpenAI servers), so
+    # its cache is shared and the router matches it on the unsalted hash chain its events use.
+    salted_cache: bool = True
 
     def __post_init__(self) -> None:
         if not self.name or any(c.isspace() for c in self.name):

@@ -142,8 +142,14 @@ class Router:
             raise NoWorkerError(f"no worker serves model {model!r}")
         now = s.clock()
         root = root_hash(model, lora, cache_salt)
-        chains = {size: tuple(block_hashes(token_ids, size, root)) for size in {w.block_size for w in cands}}
-        matched = s.index.match({w.info.name: chains[w.block_size] for w in cands}, now)
+        # A worker that is not sent the salt caches (and reports events) under the unsalted root.
+        shared = [w for w in cands if not w.info.salted_cache] if cache_salt is not None else []
+        chains = {size: tuple(block_hashes(token_ids, size, root))
+                  for size in {w.block_size for w in cands if not shared or w.info.salted_cache}}
+        shared_chains = {size: tuple(block_hashes(token_ids, size, root_hash(model, lora)))
+                         for size in {w.block_size for w in shared}} if shared else None
+        matched = s.index.match({w.info.name: (chains if shared_chains is None or w.info.salted_cache
+                                               else shared_chains)[w.block_size] for w in cands}, now)
         n = len(token_ids)
         views = [_view(w, cacheable_blocks(n, matched[w.info.name], w.block_size) * w.block_size,
                        s, now) for w in cands]
@@ -152,7 +158,7 @@ class Router:
         ranked = policies.rank(policy, views, prompt_tokens=n, tie_key=prompt_key(token_ids, root),
                                turn=self._rr_turn, session_key=session_key, tolerance=s.learn.relative_error,
                                answer_tokens=s.learn.answer_tokens(model))
-        return Ranking(model, policy, n, tuple(ranked), chains)
+        return Ranking(model, policy, n, tuple(ranked), chains, shared_chains)
 
     def on_dispatch(self, request_id: str, ranking: Ranking, worker: str) -> None:
         """`request_id` is being sent to `worker` (one of `ranking`'s candidates).
@@ -168,7 +174,7 @@ class Router:
         predicted = cand.predicted_cached_tokens if cand else 0
         if request_id in self._dispatches:  # a retry: the previous attempt was not finished
             self.on_finish(request_id, error=True)
-        chain = ranking.chains.get(w.block_size, ())
+        chain = ranking.chain(w.block_size, w.info.salted_cache)
         uncached = max(0, ranking.prompt_tokens - predicted)
         model = s.learn.model(worker)
         f = features(s.load.snapshot(worker, now), uncached, predicted)

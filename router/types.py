@@ -28,6 +28,14 @@ class Ranking:
     # Block-hash chain of the prompt per block size; used at dispatch to add
     # speculative index entries without hashing the prompt again.
     chains: Mapping[int, tuple[int, ...]] = field(repr=False, default_factory=dict)
+    # The same from the unsalted root, for workers that take no `cache_salt` (WorkerInfo.salted_cache
+    # false) when the request had one; None: `chains` serve every worker.
+    shared_chains: Mapping[int, tuple[int, ...]] | None = field(repr=False, default=None)
+
+    def chain(self, block_size: int, salted_cache: bool = True) -> tuple[int, ...]:
+        """The prompt's chain as a worker of this block size and salting caches it (empty if unknown)."""
+        chains = self.chains if salted_cache or self.shared_chains is None else self.shared_chains
+        return tuple(chains.get(block_size, ()))
 
     @property
     def best(self) -> Candidate:

@@ -41,7 +41,8 @@ _BLOCK_SIZE_RE = re.compile(r'vllm:cache_config_info\{[^}]*block_size="(\d+)"')
 def run_worker(args: argparse.Namespace) -> int:
     """Launch, supervise and (with --gateway) register one worker; see the module docstring."""
     spec = spec_from_args(args, WorkerEnvironment.from_environ())
-    warn_exposure(spec.host, spec.worker_key is not None, f"worker {spec.worker_name}")
+    # trtllm-serve does not check the worker key: such a worker is open to whoever reaches its port.
+    warn_exposure(spec.host, spec.worker_key is not None and spec.engine != "trtllm", f"worker {spec.worker_name}")
     with tempfile.TemporaryDirectory(prefix="sluice-worker-") as scratch, StopSignal() as stop:
         proc = _spawn(spec, Path(scratch))
         if not proc.wait_healthy(f"{spec.url}/health", spec.startup_timeout_s, stop.event):
@@ -81,9 +82,9 @@ def _spawn(spec: WorkerSpec, scratch: Path) -> EngineProcess:
     options = trtllm.write_options(spec, scratch)
     env = None
     if spec.worker_key is not None:
-        # Not checked against a real trtllm-serve here (no GPU): the stand-in and wrappers read it from the env.
-        log.warning("the worker key reaches trtllm-serve as $SLUICE_WORKER_KEY only: make sure the command "
-                    "enforces it, or keep its port reachable by the gateway alone")
+        # Real trtllm-serve does not check it; a $SLUICE_TRTLLM_SERVE wrapper (and the stand-in) may.
+        log.warning("trtllm-serve does not check the worker key (it only gets $SLUICE_WORKER_KEY): keep its "
+                    "port reachable by the gateway alone (a NetworkPolicy)")
         env = dict(os.environ, SLUICE_WORKER_KEY=spec.worker_key)
     return EngineProcess(trtllm.build_trtllm_argv(spec, options), env)
 

@@ -1,5 +1,6 @@
 """The Kubernetes objects of a multi-node launch: the node scripts' ConfigMap, the
-LeaderWorkerSet (`leaderworkerset.x-k8s.io/v1`) and the leaders' Service.
+LeaderWorkerSet (`leaderworkerset.x-k8s.io/v1`), the leaders' Service and a NetworkPolicy
+that lets the group's pods reach each other.
 
 One LWS group is one engine instance of `nodes` pods: pod 0 (the leader) runs
 `leader.sh`, pods 1..N-1 run `worker.sh`. `RecreateGroupOnPodRestart`, because a Ray
@@ -34,8 +35,8 @@ _STARTUP_PERIOD_S, _STARTUP_TRIES = 10, 360  # an hour for weights to load on ev
 
 
 def manifests_for(plan: LaunchPlan) -> list[Obj]:
-    """ConfigMap, LeaderWorkerSet and Service, in apply order."""
-    return [_scripts_configmap(plan), _leaderworkerset(plan), _leader_service(plan)]
+    """ConfigMap, LeaderWorkerSet, Service and the group's NetworkPolicy, in apply order."""
+    return [_scripts_configmap(plan), _leaderworkerset(plan), _leader_service(plan), _peer_policy(plan)]
 
 
 class _Dumper(yaml.SafeDumper):
@@ -85,6 +86,15 @@ def _leader_service(plan: LaunchPlan) -> Obj:
             "metadata": {"name": f"{plan.name}-leader", "labels": _labels(plan)},
             "spec": {"selector": {LWS_NAME_LABEL: plan.name, LWS_INDEX_LABEL: "0"},
                      "ports": [{"name": "http", "port": WORKER_PORT, "targetPort": "http"}]}}
+
+
+def _peer_policy(plan: LaunchPlan) -> Obj:
+    """The NetworkPolicy sluice-workers (deploy/k8s/base) admits only the gateway to worker pods;
+    the pods of one group must also reach each other on every port (Ray, NCCL, MPI over SSH)."""
+    group = {"matchLabels": {LWS_NAME_LABEL: plan.name}}
+    return {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+            "metadata": {"name": f"{plan.name}-peers", "labels": _labels(plan)},
+            "spec": {"podSelector": group, "policyTypes": ["Ingress"], "ingress": [{"from": [{"podSelector": group}]}]}}
 
 
 def _pod_template(plan: LaunchPlan, role: str) -> Obj:

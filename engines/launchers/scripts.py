@@ -72,8 +72,14 @@ def _sluice_worker(plan: LaunchPlan, extra: tuple[str, ...] = ()) -> str:
     engine_args = (*extra, *plan.engine_args)
     tail = (" -- " + " ".join(shlex.quote(a) for a in engine_args)) if engine_args else ""
     gateway = shlex.quote(plan.gateway or "")
+    trtllm = plan.engine == "trtllm"
+    if trtllm:  # on the pod IP, `sluice worker` refuses trtllm-serve without this flag
+        argv.append("--allow-unauthenticated")
+    note = ("# trtllm-serve does NOT check $SLUICE_WORKER_KEY: its port is open to whoever reaches it, hence\n"
+            "# --allow-unauthenticated. The NetworkPolicy sluice-workers admits only the gateway to it.\n"
+            if trtllm else "")
     return ("# Registers with the gateway as a single-node worker does (SLUICE_GATEWAY= to skip). Every socket\n"
-            "# binds this node's address alone; the worker key comes as $SLUICE_WORKER_KEY.\n"
+            "# binds this node's address alone; the worker key comes as $SLUICE_WORKER_KEY.\n" + note +
             f"GATEWAY=${{SLUICE_GATEWAY-{gateway}}}\n"
             'register=(); if [ -n "$GATEWAY" ]; then register=(--gateway "$GATEWAY"); fi\n'
             f"exec {' '.join(shlex.quote(a) for a in argv)} \\\n"

@@ -53,9 +53,16 @@ def read_worker_key(path: Path | None, env_value: str | None) -> str | None:
     return key
 
 
-def refuse_open_host(host: str, keyed: bool, allow_unauthenticated: bool) -> None:
-    """ValueError for a worker that other machines could reach and that has no key."""
-    if not keyed and not is_loopback_host(host) and not allow_unauthenticated:
+def refuse_open_host(host: str, keyed: bool, allow_unauthenticated: bool, engine: str | None = None) -> None:
+    """ValueError for a worker that other machines could reach and that checks no key. A
+    TensorRT-LLM worker never counts as keyed: trtllm-serve does not check the worker key."""
+    if is_loopback_host(host) or allow_unauthenticated:
+        return
+    if engine == "trtllm":
+        raise ValueError(f"--host {host} lets other machines reach this worker, and trtllm-serve does not check "
+                         "the worker key: restrict its port to the gateway (a Kubernetes NetworkPolicy, a "
+                         "firewall), then pass --allow-unauthenticated")
+    if not keyed:
         raise ValueError(f"--host {host} lets other machines reach this worker: give it a key "
                          "(--worker-key-file or $SLUICE_WORKER_KEY), or pass --allow-unauthenticated")
 
@@ -108,7 +115,7 @@ class WorkerSpec:
     allow_unauthenticated: bool = False  # serve without a key on a host other machines can reach
 
     def __post_init__(self) -> None:
-        refuse_open_host(self.host, self.worker_key is not None, self.allow_unauthenticated)
+        refuse_open_host(self.host, self.worker_key is not None, self.allow_unauthenticated, self.engine)
         if self.engine not in ENGINES:
             raise ValueError(f"engine must be one of {ENGINES}, got {self.engine!r}")
         for label, port in (("--port", self.port), ("--kv-events-port", self.kv_events_port)):
@@ -187,7 +194,8 @@ def add_worker_arguments(parser: argparse.ArgumentParser) -> None:
                         help="file holding the key every route but /health and /metrics needs "
                              "[also $SLUICE_WORKER_KEY; none: open, allowed on loopback only]")
     parser.add_argument("--allow-unauthenticated", action="store_true",
-                        help="serve without a worker key on a non-loopback --host")
+                        help="serve without a worker key on a non-loopback --host (TensorRT-LLM always needs it "
+                             "there: trtllm-serve does not check the key; restrict its port by NetworkPolicy)")
     parser.add_argument("--log-level", default="info")
     parser.add_argument("engine_args", nargs="*", default=[], metavar="-- ENGINE_ARGS",
                         help="extra arguments for the engine, after a literal --")

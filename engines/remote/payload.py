@@ -17,6 +17,9 @@ from engines.base import EngineRequest, SamplingParams
 
 Dialect = Literal["vllm", "trtllm", "openai"]
 DIALECTS: tuple[str, ...] = ("vllm", "trtllm", "openai")
+# Dialects sent the engine request's `cache_salt`: their prefix cache is namespaced by it. The
+# others (trtllm-serve, plain OpenAI servers) take no salt; the router hashes their prefixes unsalted.
+SALTED_DIALECTS: frozenset[str] = frozenset({"vllm"})
 
 CHAT_PATH = "/v1/chat/completions"
 COMPLETIONS_PATH = "/v1/completions"
@@ -105,6 +108,6 @@ def build_body(request: EngineRequest, dialect: Dialect, served_model: str | Non
     if dialect == "vllm":
         # Token ids per chunk let Delta carry ids and exact cumulative counts.
         body["return_token_ids"] = True
-        if request.cache_salt is not None:
-            body["cache_salt"] = request.cache_salt
+    if dialect in SALTED_DIALECTS and request.cache_salt is not None:
+        body["cache_salt"] = request.cache_salt
     return (CHAT_PATH if chat else COMPLETIONS_PATH), body

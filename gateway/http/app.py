@@ -56,13 +56,14 @@ def build_state(settings: Settings) -> AppState:
     # The router and worker pool exist in every gateway, so workers can register at any time.
     router = Router(settings.router_config(), registry, shared)
     renderer = Renderer(settings.template_timeout_s, settings.template_threads, settings.allow_client_chat_templates,
-                        max_prompt_chars=settings.prompt_char_limit())
+                        max_prompt_chars=settings.prompt_char_limit(), bulk_threads=settings.bulk_threads)
     state = AppState(settings=settings, registry=registry, metrics=metrics, llm=llm, router=router,
                      workers=WorkerPool(llm.registry, router, settings.model_repository,
                                         stall_timeout_s=settings.worker_stall_timeout_s,
                                         worker_key=settings.resolved_worker_key()),
                      renderer=renderer, security=security,
-                     attestations=Attestations(settings.redis_url, settings.redis_options()))
+                     attestations=Attestations(settings.redis_url, settings.redis_options(),
+                                               mac_key=settings.attestation_key))
     if settings.model_repository is not None:
         state.classic = ModelRepositoryManager(settings.model_repository, control_mode=settings.model_control_mode,
                                                startup_models=list(settings.load_models),

@@ -39,6 +39,7 @@ class ConnectionLimits:
     max_idle_total: int = 4096
     write_timeout_s: float = 30.0  # a write that waited this long for the client: the connection is cut
     max_buffer_bytes: int = 1024 * 1024  # bytes queued for a client that stopped reading: cut
+    body_timeout_s: float = 30.0  # the rest of a body answered before it was read (401, 429): dropped within it
 
     @property
     def stream_send_buffer(self) -> int:
@@ -54,7 +55,7 @@ def per_process(limits: ConnectionLimits, processes: int, fd_limit: int) -> Conn
         log.warning("idle connections bounded at %d per process: half the fd limit (%d)", total, fd_limit)
     return ConnectionLimits(limits.header_timeout_s, limits.max_header_bytes, limits.max_header_count,
                             math.ceil(limits.max_idle_per_client / share), total,
-                            limits.write_timeout_s, limits.max_buffer_bytes)
+                            limits.write_timeout_s, limits.max_buffer_bytes, limits.body_timeout_s)
 
 
 def raise_fd_limit() -> int:
@@ -139,7 +140,7 @@ class ConnectionMetrics:
 
     def __init__(self, registry: CollectorRegistry | None, idle: IdleConnections) -> None:
         self.closed = Counter("sluice_http_connections_closed", "HTTP connections the server closed before a "
-                              "request ran, by reason (header_timeout, header_bytes, header_count, "
+                              "request ran, by reason (header_timeout, body_timeout, header_bytes, header_count, "
                               "idle_per_client, idle_total).", ["reason"], registry=registry)
         self.slow_reader = slow_reader_counter(registry)
         gauge = Gauge("sluice_http_idle_connections", "HTTP connections open with no request in progress.",

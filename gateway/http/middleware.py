@@ -161,7 +161,7 @@ class BodyLimitMiddleware:
                               ErrorKind.INVALID_ARG) from None
         if "json" in (_header(scope, b"content-type") or ""):
             if self.pool is not None and len(body) > INLINE_JSON_BYTES:
-                await self.pool.run(partial(check_json_depth, body), deadline=False)
+                await self.pool.bulk(partial(check_json_depth, body))
             else:
                 check_json_depth(body)
         if encoding.strip().lower() not in ("", "identity"):

@@ -52,6 +52,7 @@ class SluiceHttpProtocol(HttpToolsProtocol):
         self._head_raw = 0  # bytes read in this head after the read that began it (a bound on the parser's buffer)
         self._head_bytes = 0  # request line + header names and values, as parsed
         self._head_count = 0
+        self._body_done = True  # the request's body read to its end (or no request begun)
         self._refusal: str | None = None
         self._lingering = False
 
@@ -77,10 +78,25 @@ class SluiceHttpProtocol(HttpToolsProtocol):
 
     def on_response_complete(self) -> None:
         super().on_response_complete()
-        if not self.transport.is_closing() and (self.cycle is None or self.cycle.response_complete):
-            # No pipelined request started: idle until the next one, whose headers must be complete
-            # within the header timeout (data that begins no request, such as bare CRLFs, would
-            # otherwise keep resetting uvicorn's keep-alive timer).
+        if (not self._body_done and not self._in_head and not self.transport.is_closing()
+                and self.cycle is not None and self.cycle.response_complete):
+            # Answered before its body was read (401, 429, 503): the rest of the body is dropped as
+            # it arrives, and must arrive within the body timeout; it is not the next request's head.
+            self._arm(self.limits.body_timeout_s, "body_timeout")
+        self._idle_if_answered()
+
+    def on_message_complete(self) -> None:
+        super().on_message_complete()
+        self._body_done = True
+        self._disarm()  # a body timer, if the request was answered early
+        self._idle_if_answered()
+
+    def _idle_if_answered(self) -> None:
+        if (self._body_done and not self.transport.is_closing()
+                and (self.cycle is None or self.cycle.response_complete)):
+            # Request read and answered, no pipelined request started: idle until the next one, whose
+            # headers must be complete within the header timeout (data that begins no request, such
+            # as bare CRLFs, would otherwise keep resetting uvicorn's keep-alive timer).
             self._in_head = True
             self._head_raw = 0
             self._arm()
@@ -101,7 +117,7 @@ class SluiceHttpProtocol(HttpToolsProtocol):
         super().on_message_begin()
         # The app tells a streamed response from others (gateway.sse): see `_stream_begins`.
         self.scope["extensions"] = {STREAM_EXTENSION: {"begin": self._stream_begins}}
-        self._in_head = True
+        self._in_head, self._body_done = True, False
         self._head_raw = self._head_bytes = self._head_count = 0
         self._arm()
 
@@ -170,20 +186,21 @@ class SluiceHttpProtocol(HttpToolsProtocol):
                 pass
 
     # -- timers and counts --------------------------------------------------------------------
-    def _arm(self) -> None:
+    def _arm(self, timeout_s: float | None = None, reason: str = "header_timeout") -> None:
         if self._header_timer is None:
-            self._header_timer = self.loop.call_later(self.limits.header_timeout_s, self._headers_too_slow)
+            self._header_timer = self.loop.call_later(self.limits.header_timeout_s if timeout_s is None else timeout_s,
+                                                      self._too_slow, reason)
 
     def _disarm(self) -> None:
         if self._header_timer is not None:
             self._header_timer.cancel()
             self._header_timer = None
 
-    def _headers_too_slow(self) -> None:
+    def _too_slow(self, reason: str) -> None:
         self._header_timer = None
         if not self.transport.is_closing():
             self.transport.close()
-            self._closed("header_timeout")
+            self._closed(reason)
 
     def _closed(self, reason: str) -> None:
         if self.metrics is not None:

@@ -177,6 +177,9 @@ def _discovery(state: AppState) -> K8sDiscovery | None:
     if specs and not any("workers" in p.scopes for p in state.security.admin.principals()):
         raise SluiceError("--k8s-discovery admits only workers that register with the registration key: set "
                           "SLUICE_REGISTRATION_KEY or --registration-key-file (the key worker pods hold)")
+    if specs and state.settings.redis_url and not state.settings.attestation_key:
+        log.warning("--k8s-discovery without SLUICE_ATTESTATION_KEY: registrations are not shared through Redis, "
+                    "so only the gateway replica a worker registered with routes to it")
     return K8sDiscovery(specs, state.workers, state.attestations) if specs else None
 
 

@@ -100,7 +100,7 @@ class KServeInferRoute:
         decode = partial(decode_request, body, header_length, m.limits.max_tensor_elements)
         json_bytes = int(header_length) if header_length is not None and header_length.isdigit() else len(body)
         if self.pool is not None and min(json_bytes, len(body)) > INLINE_JSON_BYTES:
-            req = await self.pool.run(decode, deadline=False)
+            req = await self.pool.bulk(decode)
         else:
             req = decode()
         model = m.get_version(name, version or None)  # the one lookup: it also names the answer's version

@@ -49,6 +49,7 @@ FORWARDING_HEADERS = frozenset({"forwarded", "x-forwarded-for", "x-real-ip"})
 # context variable (gRPC, where handlers only see the servicer context).
 SCOPE_KEY_ID = "sluice.key_id"
 SCOPE_ACCESS = "sluice.access"
+SCOPE_ADMIN_SCOPES = "sluice.admin_scopes"  # on admin routes: the scopes the admin principal holds
 current_key_id: ContextVar[str | None] = ContextVar("sluice_key_id", default=None)
 
 

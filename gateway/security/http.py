@@ -17,11 +17,13 @@ from engines.errors import SluiceError
 from gateway.security.access import (
     ADMIN,
     SCOPE_ACCESS,
+    SCOPE_ADMIN_SCOPES,
     SCOPE_KEY_ID,
     Access,
     bearer,
     browser_refusal,
     classify_path,
+    current_key_id,
     is_local,
 )
 from gateway.security.guard import Security
@@ -60,13 +62,18 @@ class AccessMiddleware:
             if access is Access.API and principal is not None:
                 lease = await self.security.quotas.admit(principal.id)
                 scope[SCOPE_KEY_ID] = principal.id
+            if access in ADMIN and principal is not None:  # a registration key names only its own address
+                scope[SCOPE_ADMIN_SCOPES] = principal.scopes
         except SluiceError as e:
             await self._refuse(scope, send, e)
             return
         scope[SCOPE_ACCESS] = access.value
+        # The key, for code below that sees no scope (the CPU pool's per-key share of its bulk threads).
+        token = current_key_id.set(scope.get(SCOPE_KEY_ID))
         try:
             await self.app(scope, receive, send)
         finally:
+            current_key_id.reset(token)
             if lease is not None:
                 self.security.quotas.finish(lease)
 

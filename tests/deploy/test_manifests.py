@@ -191,3 +191,71 @@ def test_workers_bind_the_pod_ip_and_share_the_worker_key(overlay: tuple[str, li
             script = next(d for d in docs if d["kind"] == "ConfigMap" and "leader.sh" in d.get("data", {}))
             assert '--host "$HOST_IP"' in script["data"]["leader.sh"] and "0.0.0.0" not in script["data"]["leader.sh"]
             assert env["SLUICE_ADVERTISE_HOST"]["fieldRef"]["fieldPath"] == "status.podIP"
+
+
+def _selects(selector: dict[str, Any], labels: dict[str, str]) -> bool:
+    """A LabelSelector object (matchLabels, matchExpressions with In/NotIn/Exists) against labels."""
+    if any(labels.get(k) != v for k, v in (selector.get("matchLabels") or {}).items()):
+        return False
+    for e in selector.get("matchExpressions") or []:
+        present = e["key"] in labels
+        ok = {"In": present and labels[e["key"]] in e["values"], "NotIn": not present or labels[e["key"]] not in
+              e["values"], "Exists": present, "DoesNotExist": not present}[e["operator"]]
+        if not ok:
+            return False
+    return True
+
+
+def _pod_labels(docs: list[dict[str, Any]]) -> dict[str, dict[str, str]]:
+    """Every pod template's labels, by owner (Deployments; LeaderWorkerSet leaders and workers,
+    with the name label the LWS controller adds)."""
+    out = {d["metadata"]["name"]: d["spec"]["template"]["metadata"]["labels"] for d in by_kind(docs, "Deployment")}
+    for lws in by_kind(docs, "LeaderWorkerSet"):
+        for role, template in lws["spec"]["leaderWorkerTemplate"].items():
+            if role.endswith("Template"):
+                name = lws["metadata"]["name"]
+                out[f"{name}/{role}"] = {**template["metadata"]["labels"], "leaderworkerset.sigs.k8s.io/name": name}
+    return out
+
+
+def test_only_the_gateway_reaches_workers_and_redis(overlay: tuple[str, list[dict[str, Any]]]) -> None:
+    """The NetworkPolicies select every worker pod and Redis, and admit to the workers' HTTP and
+    KV-event ports (8100, 9100, 9101) and to Redis only gateway pods; the scraper (monitoring) gets
+    8100 alone, and a LeaderWorkerSet's pods reach only their own group's."""
+    _, docs = overlay
+    pods = _pod_labels(docs)
+    gateway = pods["sluice-gateway"]
+    workers = {k: v for k, v in pods.items() if v.get("app.kubernetes.io/component", "").endswith("-worker")}
+    assert workers and gateway.get("app.kubernetes.io/component") == "gateway"
+    policies = by_kind(docs, "NetworkPolicy")
+    for target, ports in [*((w, {8100, 9100, 9101}) for w in workers), ("sluice-redis", {6379})]:
+        selecting = [p for p in policies if _selects(p["spec"]["podSelector"], pods[target])]
+        assert any(p["metadata"]["name"] in ("sluice-workers", "sluice-redis") for p in selecting), target
+        for policy in selecting:
+            assert policy["spec"]["policyTypes"] == ["Ingress"]
+            for rule in policy["spec"]["ingress"]:
+                admitted = {k for k, v in pods.items() for peer in rule["from"] if "podSelector" in peer
+                            and "namespaceSelector" not in peer and _selects(peer["podSelector"], v)}
+                rule_ports = {p["port"] for p in rule.get("ports", [])}
+                if admitted == {"sluice-gateway"}:
+                    assert rule_ports == ports, (target, policy["metadata"]["name"])
+                elif "namespaceSelector" in rule["from"][0]:  # the Prometheus scraper: /metrics only
+                    assert rule["from"][0]["podSelector"] == {"matchLabels": {"app.kubernetes.io/name": "prometheus"}}
+                    assert rule_ports == {8100} and target in workers
+                else:  # a LeaderWorkerSet's group: its own pods, no one else's
+                    group = pods[target]["leaderworkerset.sigs.k8s.io/name"]
+                    assert admitted == {k for k in workers if k.startswith(f"{group}/")}, (target, admitted)
+
+
+def test_redis_requires_the_password_the_gateway_reads(overlay: tuple[str, list[dict[str, Any]]]) -> None:
+    """Redis runs with `requirepass` from the Secret sluice-redis-password, never on its command
+    line, and the gateway reads SLUICE_REDIS_PASSWORD from the same Secret key."""
+    _, docs = overlay
+    deployments = {d["metadata"]["name"]: d["spec"]["template"]["spec"]["containers"][0]
+                   for d in by_kind(docs, "Deployment")}
+    ref = {"secretKeyRef": {"name": "sluice-redis-password", "key": "SLUICE_REDIS_PASSWORD"}}
+    redis_env = {e["name"]: e.get("valueFrom") for e in deployments["sluice-redis"]["env"]}
+    script = deployments["sluice-redis"]["command"][-1]
+    assert redis_env["REDISCLI_AUTH"] == ref and "requirepass" in script and "$REDISCLI_AUTH" in script
+    assert "redis-server /run/redis/redis.conf" in script and "--requirepass" not in script
+    assert {e["name"]: e.get("valueFrom") for e in deployments["sluice-gateway"]["env"]}["SLUICE_REDIS_PASSWORD"] == ref

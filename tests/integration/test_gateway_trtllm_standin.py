@@ -32,6 +32,8 @@ MODEL = "standin-model"
 # so that a refusal for length comes from the worker and is relayed, not made by the gateway.
 WORKER_CONTEXT = 1024
 WORKER_KEY = secrets.token_hex(24)
+# Two API keys, two tenants: vLLM would get each its own cache_salt; trtllm-serve takes none.
+KEY_A, KEY_B = f"sk-a-{secrets.token_hex(12)}", f"sk-b-{secrets.token_hex(12)}"
 
 
 @pytest.fixture(scope="module")
@@ -57,7 +59,8 @@ def standin_gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server
         (tmp / "repo").mkdir()
         assert httpx.post(f"{url}/kv_cache_events", timeout=10).status_code == 401  # the key guards the events
         gateway = start_server(["--model-repository", str(tmp / "repo"), "--workers-file", str(workers_file)],
-                               tmp / "gateway.log", env={"SLUICE_WORKER_KEY": WORKER_KEY})
+                               tmp / "gateway.log",
+                               env={"SLUICE_WORKER_KEY": WORKER_KEY, "SLUICE_API_KEYS": f"{KEY_A},{KEY_B}"})
         yield gateway
     finally:
         if gateway is not None:
@@ -65,8 +68,8 @@ def standin_gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server
         stop_process(proc)
 
 
-def sdk(server: Server) -> openai.OpenAI:
-    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=60)
+def sdk(server: Server, key: str = KEY_A) -> openai.OpenAI:
+    return openai.OpenAI(base_url=server.url + "/v1", api_key=key, max_retries=0, timeout=60)
 
 
 def test_standin_chat_streams_through_the_gateway(standin_gateway: Server) -> None:
@@ -110,3 +113,14 @@ def test_standin_refusal_is_relayed_as_an_openai_error(standin_gateway: Server) 
     error = e.value.response.json()["error"]
     assert set(error) == {"message", "type", "param", "code"}
     assert f"max_seq_len {WORKER_CONTEXT}" in error["message"]  # the worker's own words
+
+
+def test_standin_shared_cache_is_predicted_for_every_tenant(standin_gateway: Server) -> None:
+    """trtllm-serve is sent no cache_salt, so its prefix cache is shared by the tenants and its KV
+    events are unsalted: the router must predict it on the unsalted chain for a keyed request, or
+    X-Sluice-Predicted-Cached-Tokens would read 0 where the engine serves the prefix from cache."""
+    ids = list(range(500, 600))  # 3 full blocks of 32, a prompt no other test sends
+    sdk(standin_gateway, KEY_A).completions.create(model=MODEL, prompt=ids, max_tokens=2)
+    raw = sdk(standin_gateway, KEY_B).completions.with_raw_response.create(model=MODEL, prompt=ids, max_tokens=2)
+    assert raw.parse().usage.prompt_tokens_details.cached_tokens == 96  # the engine's cache is shared
+    assert raw.headers["x-sluice-predicted-cached-tokens"] == "96"

@@ -132,3 +132,52 @@ def test_a_worker_registers_with_the_registration_key_only(server: Server, tmp_p
     finally:
         proc.terminate()
         proc.wait(30)
+
+
+def _from(address: str) -> httpx.Client:
+    """A client whose socket is bound to `address` (any 127.0.0.0/8 address reaches the loopback server)."""
+    return httpx.Client(transport=httpx.HTTPTransport(local_address=address), timeout=60)
+
+
+def test_a_registration_key_names_only_its_own_address(server: Server, tmp_path: Path) -> None:
+    """Every worker pod holds the registration key: it registers, deregisters and drains only a worker
+    whose URL host is the caller's own address, never through a proxy; a full admin key names any URL."""
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLUICE_")}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gateway.cli", "worker", "--engine", "sim", "--model", str(tiny_llama_dir()),
+         "--served-model-name", "sim-own", "--host", "127.0.0.2", "--port", str(port), "--no-kv-events"],
+        cwd=ROOT, start_new_session=True, env=env, stdout=(tmp_path / "worker.log").open("wb"),
+        stderr=subprocess.STDOUT)
+    url, admin = f"http://127.0.0.2:{port}", server.url + "/v1/admin/workers"
+    record = {"name": "own", "url": url, "engine": "sim", "tokenizer": str(tiny_llama_dir())}
+    try:
+        for _ in range(600):  # bounded: the worker starts
+            try:
+                if httpx.get(url + "/health").status_code == 200:
+                    break
+            except httpx.HTTPError:
+                assert proc.poll() is None, (tmp_path / "worker.log").read_text()[-2000:]
+            time.sleep(0.1)
+        with _from("127.0.0.1") as here, _from("127.0.0.2") as there:
+            for client, headers in ((here, {}), (there, {"X-Forwarded-For": "127.0.0.2"})):
+                r = client.post(admin, json=record, headers={**bearer(REGISTRATION), **headers})
+                assert r.status_code == 403, r.text
+                error = r.json()["error"]
+                assert error["type"] == "permission_error" and error["code"] == "worker_address_not_caller"
+                assert REGISTRATION not in r.text
+            assert "own" not in [w["name"] for w in here.get(admin, headers=bearer(ALL)).json()["data"]]
+            assert there.post(admin, json=record, headers=bearer(REGISTRATION)).status_code == 201
+            # Another host's registration key can neither drain nor remove it; its own can.
+            for r in (here.post(f"{admin}/own/drain", headers=bearer(REGISTRATION)),
+                      here.delete(f"{admin}/own", headers=bearer(REGISTRATION))):
+                assert r.status_code == 403 and r.json()["error"]["code"] == "worker_address_not_caller", r.text
+            assert "own" in [w["name"] for w in here.get(admin, headers=bearer(ALL)).json()["data"]]
+            assert there.post(f"{admin}/own/drain", headers=bearer(REGISTRATION)).json()["draining"] is True
+            assert there.delete(f"{admin}/own", headers=bearer(REGISTRATION)).status_code == 204
+            # A full admin key (repository and workers scopes) registers any URL, from anywhere.
+            assert here.post(admin, json=record, headers=bearer(ALL)).status_code == 201
+            assert here.delete(f"{admin}/own", headers=bearer(ALL)).status_code == 204
+    finally:
+        proc.terminate()
+        proc.wait(30)

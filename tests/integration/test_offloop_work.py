@@ -40,13 +40,13 @@ TOO_BIG = "x" * (LIMIT + 1)  # over LIMIT, under the 8 MiB body limit
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    """The default LLM and the embedding model; one CPU-pool thread that waits 0.5 s for a start."""
+    """The default LLM and the embedding model; one render and one bulk thread that a start waits 0.5 s for."""
     tmp = tmp_path_factory.mktemp("offloop")
     repo = llm_only_repository(tmp)
     shutil.copytree(DEFAULT_REPO / EMBEDDER, repo / EMBEDDER)
     srv = start_server(["--model-repository", str(repo), "--max-prompt-chars", str(LIMIT),
                         "--template-timeout-s", "0.5"], tmp / "server.log", grpc=True,
-                       env={"SLUICE_TEMPLATE_THREADS": "1"})
+                       env={"SLUICE_TEMPLATE_THREADS": "1", "SLUICE_BULK_THREADS": "1"})
     yield srv
     srv.stop()
 

@@ -4,7 +4,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from router import NoWorkerError, Router, RouterConfig, WorkerInfo
-from router.index.events import decode_vllm_batch
+from router.index.events import decode_trtllm_events, decode_vllm_batch
 from router.telemetry.load import ScrapedMetrics
 from tests.router.index import eventgen as g
 
@@ -205,3 +205,34 @@ def test_feed_counts_gaps_and_ignores_unknown_workers():
     assert sample(reg, "sluice_router_kv_event_lag_seconds", {"worker": "w1"}) is None
     assert sample(reg, "sluice_router_kv_event_gaps_total", {"worker": "w1"}) is None
     assert [s.name for s in r.workers()] == ["w0"]
+
+
+def _trtllm_stored(block_hash: int, parent: int | None, tokens: list[int]) -> list:
+    """One `stored` item of trtllm-serve's /kv_cache_events, decoded as the poller decodes it."""
+    body = [{"event_id": block_hash, "window_size": 4, "data": {"type": "stored", "parent_hash": parent, "blocks": [
+        {"type": "stored_block", "block_hash": block_hash, "cache_level": 0, "priority": 35,
+         "tokens": [{"type": "unique_token", "token_id": t, "token_extra_id": 0} for t in tokens]}]}}]
+    return [ev for _, ev in decode_trtllm_events(body)]
+
+
+def test_a_worker_that_takes_no_salt_is_matched_unsalted_for_a_salted_request():
+    """Mixed dialects: TRT-LLM is sent no cache_salt, so its cache (and its events) are unsalted and a
+    keyed request matches them; a vLLM worker's blocks match only under the request's own salt."""
+    r = Router(RouterConfig(), clock=Clock())
+    r.add_worker(WorkerInfo("vllm", "http://127.0.0.1:1", ("m",), block_size=4,
+                            kv_events_endpoint="tcp://127.0.0.1:1"))
+    r.add_worker(WorkerInfo("trt", "http://127.0.0.1:2", ("m",), block_size=4, engine="trtllm",
+                            trtllm_events=True, salted_cache=False))
+    r.feed.apply_kv_events("trt", [*_trtllm_stored(1, None, SYSTEM[:4]), *_trtllm_stored(2, 1, SYSTEM[4:8])])
+    r.feed.apply_kv_batch("vllm", decode_vllm_batch(g.batch([g.stored([b"h1", b"h2", b"h3"], None, SYSTEM, 4)])))
+    keyed = r.rank("m", [*SYSTEM, 1], cache_salt="tenant-a")
+    assert keyed.candidate("trt").predicted_cached_tokens == 8  # its unsalted events
+    assert keyed.candidate("vllm").predicted_cached_tokens == 0  # unsalted blocks are not tenant-a's
+    salted = g.stored([b"s1", b"s2", b"s3"], None, SYSTEM, 4, extra_keys=[["tenant-a"], None, None])
+    r.feed.apply_kv_batch("vllm", decode_vllm_batch(g.batch([salted])))
+    keyed = r.rank("m", [*SYSTEM, 1], cache_salt="tenant-a")
+    assert keyed.candidate("vllm").predicted_cached_tokens == 12
+    assert r.rank("m", [*SYSTEM, 1], cache_salt="tenant-b").candidate("vllm").predicted_cached_tokens == 0
+    # A keyed dispatch to the unsalted worker adds its speculative entries on the unsalted chain too.
+    r.on_dispatch("a", keyed, "trt")
+    assert r.rank("m", [*SYSTEM, 1], cache_salt="tenant-b").candidate("trt").predicted_cached_tokens == 12

@@ -19,6 +19,7 @@ from engines.base import EngineRequest, LLMEngine
 from engines.errors import ErrorKind, SluiceError
 from engines.launchers.registration import WorkerRecord
 from engines.remote import RemoteEngine, RemoteEngineConfig
+from engines.remote.payload import SALTED_DIALECTS
 from engines.text.tokenizer import ChatTokenizer
 from engines.weights import resolve_llm
 from gateway.llm.registry import ModelRegistry
@@ -33,14 +34,15 @@ _DIALECTS = {"vllm": "vllm", "sim": "vllm", "trtllm": "trtllm", "transformers": 
 
 
 def worker_info(record: WorkerRecord, models: tuple[str, ...]) -> WorkerInfo:
-    """The router's view of a registered worker."""
+    """The router's view of a registered worker. Only a worker whose dialect is sent the tenant's
+    `cache_salt` has its prefixes matched on the salted chain; the others' caches are shared."""
     events = record.kv_events_endpoint
     trtllm = record.engine == "trtllm" and bool(events) and str(events).startswith("http")
     return WorkerInfo(
         name=record.name, url=record.url.rstrip("/"), models=models, block_size=record.block_size,
         engine=record.engine, kv_events_endpoint=None if trtllm else events,
         kv_events_replay_endpoint=None if trtllm else record.kv_events_replay_endpoint,
-        trtllm_events=trtllm,
+        trtllm_events=trtllm, salted_cache=_DIALECTS[record.engine] in SALTED_DIALECTS,
     )
 
 

@@ -40,8 +40,8 @@ LAYOUTS = [
 @pytest.mark.parametrize("argv", LAYOUTS, ids=lambda a: "-".join(a[1::2][:5]))
 def test_generated_manifests_validate(argv: tuple[str, ...]) -> None:
     docs = [d for d in yaml.safe_load_all(_files(*argv)[MANIFEST_FILE]) if d]
-    assert [d["kind"] for d in docs] == ["ConfigMap", "LeaderWorkerSet", "Service"]
-    assert [validate(d) for d in docs] == ["builtin", "crd", "builtin"]
+    assert [d["kind"] for d in docs] == ["ConfigMap", "LeaderWorkerSet", "Service", "NetworkPolicy"]
+    assert [validate(d) for d in docs] == ["builtin", "crd", "builtin", "builtin"]
     plan = plan_from_args(_args(*argv))
     lws, service = docs[1], docs[2]
     template = lws["spec"]["leaderWorkerTemplate"]
@@ -96,6 +96,20 @@ def test_trtllm_scripts_run_one_mpi_world_over_every_node() -> None:
     assert argv[-2:] == ["trtllm-llmapi-launch", "trtllm-serve"]
     assert "slots=8" in leader and "--tensor-parallel-size 8 --pipeline-parallel-size 4" in leader
     assert "sshd -D" in files["worker.sh"]
+
+
+@pytest.mark.parametrize("argv", LAYOUTS, ids=lambda a: "-".join(a[1::2][:5]))
+def test_trtllm_leaders_say_they_are_unauthenticated_and_peers_reach_each_other(argv: tuple[str, ...]) -> None:
+    """trtllm-serve checks no worker key, so `sluice worker` on the pod IP refuses it unless told
+    --allow-unauthenticated (the port then left to the NetworkPolicy); vLLM leaders keep the key.
+    The group's own policy admits the group's pods, and only them, to each other."""
+    files = _files(*argv)
+    serve = files["leader.sh"][files["leader.sh"].index("exec sluice worker"):]
+    assert ("--allow-unauthenticated" in serve) == (argv[1] == "trtllm")
+    plan = plan_from_args(_args(*argv))
+    policy = [d for d in yaml.safe_load_all(files[MANIFEST_FILE]) if d][3]
+    group = {"matchLabels": {"leaderworkerset.sigs.k8s.io/name": plan.name}}
+    assert policy["spec"]["podSelector"] == group and policy["spec"]["ingress"] == [{"from": [{"podSelector": group}]}]
 
 
 def test_a_single_node_has_no_worker_role() -> None:

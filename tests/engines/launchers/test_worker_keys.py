@@ -56,6 +56,18 @@ def test_a_reachable_host_without_a_key_is_refused_unless_allowed(tmp_path: Path
     assert spec_from_args(_args("--engine", "vllm", "--model", str(tmp_path)), env).host == "127.0.0.1"
 
 
+def test_a_reachable_trtllm_worker_is_refused_even_with_a_key(tmp_path: Path) -> None:
+    """trtllm-serve does not check the worker key, so a key does not make a reachable TensorRT-LLM
+    worker safe: only --allow-unauthenticated (the port restricted by a NetworkPolicy) starts it."""
+    keyed = WorkerEnvironment(worker_key=KEY)
+    reachable = ("--engine", "trtllm", "--model", str(tmp_path), "--host", "10.1.2.3")
+    with pytest.raises(ValueError, match="trtllm-serve does not check the worker key") as e:
+        spec_from_args(_args(*reachable), keyed)
+    assert "NetworkPolicy" in str(e.value) and KEY not in str(e.value)
+    assert spec_from_args(_args(*reachable, "--allow-unauthenticated"), keyed).worker_key == KEY
+    assert spec_from_args(_args("--engine", "trtllm", "--model", str(tmp_path)), keyed).host == "127.0.0.1"
+
+
 def test_vllm_binds_its_kv_sockets_on_the_host_and_gets_the_key_from_its_environment(tmp_path: Path) -> None:
     spec = spec_from_args(_args("--engine", "vllm", "--model", str(tmp_path), "--port", "8100"),
                           WorkerEnvironment(worker_key=KEY))

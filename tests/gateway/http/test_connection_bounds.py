@@ -212,3 +212,41 @@ def test_client_that_stops_reading_is_cut_and_its_engine_request_aborted(server:
     finally:
         slow.close()
     assert _chat(server)
+
+
+def _read_response(s: socket.socket, buf: bytes) -> tuple[int, bytes]:
+    """One response (status, by its content-length) from `s`; returns its status and what followed it."""
+    while b"\r\n\r\n" not in buf:
+        chunk = s.recv(65536)
+        assert chunk, f"connection closed mid-response: {buf!r}"
+        buf += chunk
+    head, _, rest = buf.partition(b"\r\n\r\n")
+    length = next(int(line.split(b":", 1)[1]) for line in head.split(b"\r\n")[1:]
+                  if line.lower().startswith(b"content-length:"))
+    while len(rest) < length:
+        chunk = s.recv(65536)
+        assert chunk, "connection closed mid-body"
+        rest += chunk
+    return int(head.split(b" ", 2)[1]), rest[length:]
+
+
+@pytest.mark.parametrize("auth", [b"", b"Authorization: Bearer wrong-key\r\n"], ids=["no-key", "wrong-key"])
+def test_body_of_a_request_answered_early_is_not_read_as_headers(server: Server, auth: bytes) -> None:
+    """A 300 KB body refused (401) before it was read is dropped: not counted as the next request's
+    headers (a 431 after the 401), and the same keep-alive connection then serves the next request."""
+    before = metric_value(_metrics(server), "sluice_http_connections_closed_total", {"reason": "header_bytes"}) or 0
+    body = b'{"model": "%s", "prompt": "%s"}' % (LLM_NAME.encode(), b"a" * 300_000)
+    with socket.create_connection(("127.0.0.1", server.http_port), timeout=60) as s:
+        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n" + auth + b"Content-Type: application/json\r\n"
+                  b"Content-Length: %d\r\n\r\n" % len(body) + body)
+        status, rest = _read_response(s, b"")
+        assert status == 401
+        s.sendall(b"GET /v1/models HTTP/1.1\r\nHost: x\r\n" + AUTH + b"\r\n")
+        status, rest = _read_response(s, rest)
+        assert status == 200  # its own answer, not a stale 431
+        s.shutdown(socket.SHUT_WR)
+        while chunk := s.recv(65536):
+            rest += chunk
+    assert rest == b""  # exactly one answer each, nothing after
+    after = metric_value(_metrics(server), "sluice_http_connections_closed_total", {"reason": "header_bytes"}) or 0
+    assert after == before

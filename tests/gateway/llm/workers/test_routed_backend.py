@@ -9,11 +9,13 @@ from typing import Any
 import pytest
 
 from engines.errors import ErrorKind, SluiceError
+from engines.launchers.registration import WorkerRecord
 from gateway.llm.admission import AdmissionConfig
 from gateway.llm.registry import ModelRegistry
 from gateway.llm.targets import RouteHints, Target
-from gateway.llm.workers.pool import RoutedBackend, WorkerPool
+from gateway.llm.workers.pool import RoutedBackend, WorkerPool, worker_info
 from router import Candidate, NoWorkerError, Ranking, Router, RouterConfig, WorkerInfo
+from router.index.events import BlockStored
 from tests.gateway.llm.fakes import FakeEngine, request
 
 PROMPT = list(range(100, 116))  # four blocks of 4 tokens
@@ -178,3 +180,22 @@ def test_a_worker_fault_reported_through_the_hooks_opens_its_breaker() -> None:
     again = backend.rank(request("r-1", prompt=PROMPT), RouteHints())
     assert _names(again)[-1] == best.name and again[-1].reason == "degraded"
     assert again[0].predicted_cached_tokens == 0  # the failed attempt's speculative entries are gone
+
+
+def test_a_keyed_request_is_matched_on_each_workers_own_chain() -> None:
+    """The tenant's salt reaches vLLM and sim workers only (engines.remote.payload): a TRT-LLM or plain
+    OpenAI worker caches, and reports events, under the unsalted chain, which a keyed request matches."""
+    router = _router()
+    for engine in ("vllm", "sim", "trtllm", "transformers", "openai"):
+        record = WorkerRecord(name=engine, url="http://127.0.0.1:9", engine=engine, block_size=4)
+        router.add_worker(worker_info(record, ("m",)))
+    for name in ("vllm", "trtllm", "transformers"):
+        router.feed.apply_kv_events(name, [BlockStored((1, 2), None, tuple(PROMPT[:8]), 4)])
+    req = request("r-0", prompt=PROMPT)
+    req.cache_salt = "tenant-a"
+    backend = RoutedBackend("m", _pool(router, "vllm", "sim", "trtllm", "transformers", "openai"))
+    cached = {t.name: t.predicted_cached_tokens for t in backend.rank(req, RouteHints())}
+    assert cached == {"vllm": 0, "sim": 0, "trtllm": 8, "transformers": 8, "openai": 0}
+    salted = req.cache_salt  # the same blocks stored under the tenant's salt, as vLLM reports them
+    router.feed.apply_kv_events("vllm", [BlockStored((3, 4), None, tuple(PROMPT[:8]), 4, extra_keys=((salted,), None))])
+    assert {t.name: t.predicted_cached_tokens for t in backend.rank(req, RouteHints())}["vllm"] == 8

@@ -27,7 +27,9 @@ done
 export SLUICE_TRTLLM_SERVE="mpirun --allow-run-as-root -n 16 --hostfile $HOSTFILE --mca plm_rsh_args '-p 2222 -o StrictHostKeyChecking=accept-new' --bind-to none -x PATH -x LD_LIBRARY_PATH -x HF_HOME trtllm-llmapi-launch trtllm-serve"
 # Registers with the gateway as a single-node worker does (SLUICE_GATEWAY= to skip). Every socket
 # binds this node's address alone; the worker key comes as $SLUICE_WORKER_KEY.
+# trtllm-serve does NOT check $SLUICE_WORKER_KEY: its port is open to whoever reaches it, hence
+# --allow-unauthenticated. The NetworkPolicy sluice-workers admits only the gateway to it.
 GATEWAY=${SLUICE_GATEWAY-http://sluice-gateway:8000}
 register=(); if [ -n "$GATEWAY" ]; then register=(--gateway "$GATEWAY"); fi
-exec sluice worker --engine trtllm --model /models/Llama-3.1-70B-Instruct --served-model-name llama-3.1-70b --tensor-parallel-size 8 --pipeline-parallel-size 2 --port 8100 \
+exec sluice worker --engine trtllm --model /models/Llama-3.1-70B-Instruct --served-model-name llama-3.1-70b --tensor-parallel-size 8 --pipeline-parallel-size 2 --port 8100 --allow-unauthenticated \
   --host "$HOST_IP" --advertise-host "$HOST_IP" --name "${SLUICE_WORKER_NAME:-$(hostname)}" "${register[@]}"
