@@ -25,7 +25,9 @@ pytestmark = [pytest.mark.integration]
 
 KEY_A = "cpu-fairness-key-a-0123456789"
 KEY_B = "cpu-fairness-key-b-0123456789"
-BIG = ("The quick brown fox jumps over the lazy dog. " * 200_000)[:7_000_000]  # seconds to tokenize
+# Seconds to tokenize; small enough that key A's two and key B's one fit in memory beside the rest of a
+# CI run (three 7 MB tokenizations at once took the gateway to 2.8 GB, and a busy machine's OOM killer).
+BIG = ("The quick brown fox jumps over the lazy dog. " * 100_000)[:4_000_000]
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +49,7 @@ def _tokenize(server: Server, key: str) -> tuple[httpx.Response, float]:
 
 def test_big_tokenizations_of_one_key_starve_neither_chat_nor_other_keys(server: Server) -> None:
     results: list[tuple[httpx.Response, float]] = []
-    threads = [threading.Thread(target=lambda: results.append(_tokenize(server, KEY_A))) for _ in range(3)]
+    threads = [threading.Thread(target=lambda: results.append(_tokenize(server, KEY_A))) for _ in range(2)]
     for t in threads:
         t.start()
     time.sleep(1.0)  # key A's jobs have taken its share of the bulk threads (and waited past the start bound)
@@ -60,8 +62,8 @@ def test_big_tokenizations_of_one_key_starve_neither_chat_nor_other_keys(server:
     assert chat.choices[0].finish_reason is not None  # served, not 503
     assert other.status_code == 200 and other.json()["count"] > 0, other.text[:300]
     codes = sorted(r.status_code for r, _ in results)
-    # Key A: one at a time on its one bulk thread; the others were refused, with Retry-After, as busy.
-    assert codes == [200, 503, 503], [r.text[:200] for r, _ in results]
+    # Key A: one at a time on its one bulk thread; the other was refused, with Retry-After, as busy.
+    assert codes == [200, 503], [r.text[:200] for r, _ in results]
     done_a = next(at for r, at in results if r.status_code == 200)
     assert chatted < done_a  # the chat was served while key A's tokenization was running
     busy: Any = next(r for r, _ in results if r.status_code == 503)
