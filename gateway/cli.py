@@ -40,11 +40,9 @@ def _serve_parser(sub: Any) -> None:
                    help="serve only these LLMs of the repository (default: all; repeatable)")
     _fleet_flags(p)
     p.add_argument("--routing-policy", choices=POLICIES, help="[prefix]")
-    p.add_argument("--max-running", type=int, help="admitted requests per model [64]")
-    p.add_argument("--max-queued", type=int, help="queued requests per model before 503 [256]")
+    _admission_flags(p)
     p.add_argument("--max-fanout", type=int, help="engine requests (prompts × n) one API request may create [128]")
     p.add_argument("--max-body-bytes", type=int, help="larger request bodies, raw or inflated, get 413 [8 MiB]")
-    p.add_argument("--max-inflight-requests", type=int, help="concurrent HTTP requests before 503 [1024]")
     p.add_argument("--header-timeout-s", type=float, help="time a client may take to send its headers [10]")
     p.add_argument("--max-header-bytes", type=int, help="request line and headers beyond this get 431 [65536]")
     p.add_argument("--max-header-count", type=int, help="more header fields than this get 431 [100]")
@@ -91,6 +89,18 @@ def _fleet_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--redis-password-file", type=Path, metavar="PATH",
                    help="Redis password (first line) [also SLUICE_REDIS_PASSWORD]")
     p.add_argument("--redis-ca-file", type=Path, metavar="PATH", help="CA that verifies a rediss:// server [system]")
+
+
+def _admission_flags(p: argparse.ArgumentParser) -> None:
+    """How many requests run, wait and are in flight; each derived unless given (0 means derived too)."""
+    p.add_argument("--max-running", type=int,
+                   help="admitted requests per model; 0: derived, the sum of its healthy workers' batch bounds "
+                        "(vLLM max_num_seqs, ...) [derived]")
+    p.add_argument("--max-queued", type=int,
+                   help="queued requests per model before 503; 0: derived, 1x the running limit [derived]")
+    p.add_argument("--max-inflight-requests", type=int,
+                   help="concurrent HTTP requests before 503; 0: derived from the fd limit (2 per stream) and "
+                        "memory, logged at start [derived]")
 
 
 def _observability_flags(p: argparse.ArgumentParser) -> None:

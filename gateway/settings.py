@@ -45,11 +45,15 @@ class Settings(BaseSettings):
     redis_password_file: Path | None = None  # ... or its first line; the ACL user goes in the URL
     redis_ca_file: Path | None = None  # CA bundle that verifies a rediss:// server (default: the system's)
     routing_policy: str = DEFAULT_POLICY
-    max_running: int = Field(default=AdmissionConfig().max_running, ge=1)  # admitted requests per model
-    max_queued: int = Field(default=AdmissionConfig().max_queued, ge=0)  # waiting requests per model before 503
+    # Admission per model (gateway.llm.capacity). None or 0: derived, running = the sum of the healthy
+    # workers' batch bounds (vLLM max_num_seqs...), queued = 1x the running limit; a number overrides.
+    max_running: int | None = Field(default=None, ge=0)  # admitted requests per model
+    max_queued: int | None = Field(default=None, ge=0)  # waiting requests per model before 503
     max_fanout: int = Field(default=128, ge=1, le=4096)  # engine requests (prompts × n) per API request
     max_body_bytes: int = Field(default=8 * 1024 * 1024, ge=1024)  # raw and inflated
-    max_inflight_requests: int = Field(default=1024, ge=1)  # concurrent HTTP requests before 503
+    # Concurrent HTTP requests before 503. None or 0: derived from the fd limit and memory
+    # (gateway.http.connections.derived_inflight), logged at start.
+    max_inflight_requests: int | None = Field(default=None, ge=0)
     header_timeout_s: float = Field(default=10.0, gt=0.0)  # a client's time to send its request headers
     # Request line + header bytes, and header fields, beyond which the protocol layer answers 431
     # (Envoy's defaults: 60 KiB, 100 headers; Apache's LimitRequestFields is 100 too).
@@ -217,7 +221,7 @@ class Settings(BaseSettings):
         return self.max_body_bytes if self.max_prompt_chars is None else self.max_prompt_chars
 
     def admission(self) -> AdmissionConfig:
-        return AdmissionConfig(self.max_running, self.max_queued)
+        return AdmissionConfig(self.max_running or None, self.max_queued or None)
 
     def classic_limits(self) -> ClassicLimits:
         return ClassicLimits(self.classic_max_queue_size, self.classic_max_tensor_elements,

@@ -44,7 +44,7 @@ def run_worker(args: argparse.Namespace) -> int:
     # trtllm-serve does not check the worker key: such a worker is open to whoever reaches its port.
     warn_exposure(spec.host, spec.worker_key is not None and spec.engine != "trtllm", f"worker {spec.worker_name}")
     with tempfile.TemporaryDirectory(prefix="sluice-worker-") as scratch, StopSignal() as stop:
-        proc = _spawn(spec, Path(scratch))
+        proc, capacity = _spawn(spec, Path(scratch))
         if not proc.wait_healthy(f"{spec.url}/health", spec.startup_timeout_s, stop.event):
             code = proc.poll()
             log.error("worker %s did not become healthy (exit code %s)", spec.worker_name, code)
@@ -54,7 +54,7 @@ def run_worker(args: argparse.Namespace) -> int:
         registered = False
         try:
             if spec.gateway:
-                registration.register(spec.gateway, _record(spec), spec.registration_key)
+                registration.register(spec.gateway, _record(spec, capacity), spec.registration_key)
                 registered = True
             while proc.poll() is None and not stop.event.wait(1.0):
                 pass
@@ -73,12 +73,14 @@ def run_worker(args: argparse.Namespace) -> int:
         return 0
 
 
-def _spawn(spec: WorkerSpec, scratch: Path) -> EngineProcess:
+def _spawn(spec: WorkerSpec, scratch: Path) -> tuple[EngineProcess, int]:
+    """The engine process, and the requests it runs at once (the record's `capacity`)."""
     if spec.engine == "vllm":
         python = vllm.resolve_python(spec.python)
         guard = vllm.install_guard(scratch) if spec.worker_key is not None else None
-        launch = vllm.build_vllm_launch(spec, python, cpu=vllm.is_cpu_build(python), guard_dir=guard)
-        return EngineProcess(launch.argv, launch.env)
+        cpu = vllm.is_cpu_build(python)
+        launch = vllm.build_vllm_launch(spec, python, cpu=cpu, guard_dir=guard)
+        return EngineProcess(launch.argv, launch.env), vllm.max_num_seqs(spec, cpu)
     options = trtllm.write_options(spec, scratch)
     env = None
     if spec.worker_key is not None:
@@ -86,10 +88,10 @@ def _spawn(spec: WorkerSpec, scratch: Path) -> EngineProcess:
         log.warning("trtllm-serve does not check the worker key (it only gets $SLUICE_WORKER_KEY): keep its "
                     "port reachable by the gateway alone (a NetworkPolicy)")
         env = dict(os.environ, SLUICE_WORKER_KEY=spec.worker_key)
-    return EngineProcess(trtllm.build_trtllm_argv(spec, options), env)
+    return EngineProcess(trtllm.build_trtllm_argv(spec, options), env), trtllm.max_batch_size(spec)
 
 
-def _record(spec: WorkerSpec) -> registration.WorkerRecord:
+def _record(spec: WorkerSpec, capacity: int | None = None) -> registration.WorkerRecord:
     if spec.engine == "vllm":
         events, replay = vllm.kv_endpoints(spec)
         block_size = _vllm_block_size(spec.url)
@@ -98,7 +100,8 @@ def _record(spec: WorkerSpec) -> registration.WorkerRecord:
         block_size = trtllm.DEFAULT_TOKENS_PER_BLOCK
     return registration.WorkerRecord(name=spec.worker_name, url=spec.url, models=(spec.served_model_name,),
                                      engine=spec.engine, block_size=block_size, kv_events_endpoint=events,
-                                     kv_events_replay_endpoint=replay, tokenizer=spec.model_path)
+                                     kv_events_replay_endpoint=replay, tokenizer=spec.model_path,
+                                     capacity=capacity)
 
 
 def _vllm_block_size(url: str) -> int | None:

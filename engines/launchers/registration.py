@@ -36,7 +36,8 @@ class WorkerRecord(BaseModel):
     For vLLM the KV endpoints are ZMQ `tcp://` URLs; for TensorRT-LLM the events
     endpoint is the worker's `http://.../kv_cache_events`. `tokenizer` (a path or a
     repository model name) lets the gateway load the model's own tokenizer when the
-    served model id is neither. Unknown fields are refused: a typo must not pass silently."""
+    served model id is neither. `capacity` sizes the model's admission (gateway.llm.capacity).
+    Unknown fields are refused: a typo must not pass silently."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -48,6 +49,9 @@ class WorkerRecord(BaseModel):
     kv_events_endpoint: _Text | None = None
     kv_events_replay_endpoint: _Text | None = None
     tokenizer: _Text | None = None
+    # Requests the engine runs at once (vLLM max_num_seqs, TensorRT-LLM max_batch_size, the sim's
+    # max_num_seqs). None: read from the worker if it says, else the gateway's stated default.
+    capacity: int | None = Field(default=None, ge=1, le=1 << 20)
 
 
 def register(gateway: str, record: WorkerRecord, key: str | None, attempts: int = 10,

@@ -19,6 +19,15 @@ from engines.launchers.spec import WorkerSpec
 # trtllm-serve's default tokens_per_block; the router hashes blocks of this size.
 DEFAULT_TOKENS_PER_BLOCK = 32
 DEFAULT_EVENT_BUFFER = 1024  # KV events kept until /kv_cache_events drains them
+DEFAULT_MAX_BATCH_SIZE = 256  # trtllm-serve's --max_batch_size default (its docs)
+
+
+def max_batch_size(spec: WorkerSpec) -> int:
+    """The requests the engine runs at once: --max_batch_size among the engine arguments, else the default."""
+    from engines.launchers.vllm import engine_arg
+
+    given = engine_arg(spec.engine_args, "--max_batch_size")
+    return int(given) if given is not None and given.isdigit() and int(given) > 0 else DEFAULT_MAX_BATCH_SIZE
 
 
 def llm_api_options(spec: WorkerSpec, event_buffer_max_size: int = DEFAULT_EVENT_BUFFER) -> dict[str, Any]:

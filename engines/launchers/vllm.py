@@ -56,6 +56,34 @@ def is_cpu_build(python: str) -> bool:
         return False
 
 
+# vLLM's default max_num_seqs for its OpenAI server (vllm/engine/arg_utils.py, get_batch_defaults):
+# 128 per rank on CPU; 256 on GPUs under 70 GiB (1024 on H100/H200/B200, which the launcher cannot
+# tell before the engine starts: it states 256, and the gateway then under-admits, never over-admits).
+CPU_MAX_NUM_SEQS_PER_RANK = 128
+GPU_MAX_NUM_SEQS = 256
+
+
+def engine_arg(args: tuple[str, ...] | list[str], flag: str) -> str | None:
+    """The value of `flag` in engine arguments (`--flag V` or `--flag=V`); the last one wins."""
+    value = None
+    for i, arg in enumerate(args):
+        if arg == flag and i + 1 < len(args):
+            value = args[i + 1]
+        elif arg.startswith(flag + "="):
+            value = arg[len(flag) + 1:]
+    return value
+
+
+def max_num_seqs(spec: WorkerSpec, cpu: bool) -> int:
+    """The requests the vLLM engine `spec` starts will run at once: its --max-num-seqs, else vLLM's default."""
+    given = engine_arg(spec.engine_args, "--max-num-seqs")
+    if given is not None and given.isdigit() and int(given) > 0:
+        return int(given)
+    ranks = spec.tensor_parallel_size * spec.pipeline_parallel_size
+    seqs = CPU_MAX_NUM_SEQS_PER_RANK * ranks if cpu else GPU_MAX_NUM_SEQS
+    return seqs * 2 if engine_arg(spec.engine_args, "--performance-mode") == "throughput" else seqs
+
+
 GUARD_MODULE = "sluice_worker_guard"  # the name worker_guard.py is copied under for the vLLM child
 
 

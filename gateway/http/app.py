@@ -16,6 +16,7 @@ from gateway.cpu_pool import Renderer
 from gateway.discovery.attest import Attestations
 from gateway.http import error_handlers as errors
 from gateway.http import startup
+from gateway.http.connections import inflight_limit
 from gateway.http.middleware import BodyLimitMiddleware, DrainMiddleware, SluiceMiddleware
 from gateway.kserve import metrics as kserve_metrics
 from gateway.kserve.http_routes import build_router as kserve_router
@@ -55,8 +56,11 @@ def build_state(settings: Settings) -> AppState:
                                                    ssl_ca_certs=options.get("ssl_ca_certs")))
     # The router and worker pool exist in every gateway, so workers can register at any time.
     router = Router(settings.router_config(), registry, shared)
+    # Every request in flight may wait for a render once: a burst is bounded by the render timeout, not refused.
+    inflight = inflight_limit(settings.max_inflight_requests, settings.frontends)
     renderer = Renderer(settings.template_timeout_s, settings.template_threads, settings.allow_client_chat_templates,
-                        max_prompt_chars=settings.prompt_char_limit(), bulk_threads=settings.bulk_threads)
+                        max_waiting=max(256, inflight), max_prompt_chars=settings.prompt_char_limit(),
+                        bulk_threads=settings.bulk_threads)
     state = AppState(settings=settings, registry=registry, metrics=metrics, llm=llm, router=router,
                      workers=WorkerPool(llm.registry, router, settings.model_repository,
                                         stall_timeout_s=settings.worker_stall_timeout_s,
@@ -109,7 +113,8 @@ def create_app(settings: Settings, llm_specs: list[LLMSpec] | None = None) -> Fa
         app.add_middleware(CORSMiddleware, allow_origins=state.security.cors_allow_origins, allow_methods=["*"],
                            allow_headers=["*"], expose_headers=_EXPOSED_HEADERS)
     app.add_middleware(DrainMiddleware, drain=state.drain)
-    app.add_middleware(SluiceMiddleware, max_inflight=settings.max_inflight_requests, observe=observe)
+    app.add_middleware(SluiceMiddleware, observe=observe,
+                       max_inflight=inflight_limit(settings.max_inflight_requests, settings.frontends))
     for module in (chat, completions, embeddings, models, ops, admin, ui):
         app.include_router(module.router)
     if state.classic is not None:

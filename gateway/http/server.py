@@ -25,7 +25,7 @@ from gateway.app_state import AppState
 from gateway.drain import shutting_down
 from gateway.frontends.supervisor import STARTUP_FAILED, frontend_env
 from gateway.http.app import create_app
-from gateway.http.connections import ConnectionLimits, per_process, raise_fd_limit
+from gateway.http.connections import ConnectionLimits, listen_backlog, per_process, raise_fd_limit
 from gateway.http.protocol import build_protocol
 from gateway.llm.local import LLMSpec
 from gateway.settings import Settings
@@ -51,7 +51,8 @@ def run(settings: Settings, llm_specs: list[LLMSpec] | None = None) -> int:
                             timeout_graceful_shutdown=10, proxy_headers=bool(trusted),
                             forwarded_allow_ips=trusted or None, ws="none",
                             http=build_protocol(connection_limits(settings), app.state.sluice.registry),
-                            timeout_keep_alive=5, log_config=logs.uvicorn_log_config(settings.log_format))
+                            timeout_keep_alive=5, log_config=logs.uvicorn_log_config(settings.log_format),
+                            backlog=listen_backlog())
     frontend = frontend_env() is not None
     server = DrainingServer(config, app.state.sluice, settings.drain_timeout_s, frontend)
     try:

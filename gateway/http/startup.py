@@ -242,5 +242,8 @@ async def _register_self(state: AppState) -> None:
     host = "127.0.0.1" if s.host in ("0.0.0.0", "::") else s.host
     record = WorkerRecord(name=s.worker_name or f"transformers-{s.http_port}",
                           url=s.advertise_url or f"http://{host}:{s.http_port}",
-                          models=tuple(state.llm.registry.names()), engine="transformers")
+                          models=tuple(state.llm.registry.names()), engine="transformers",
+                          # its in-process engine's batch size (the smallest, if it serves several)
+                          capacity=min((m.admission.capacity for m in state.llm.registry.models.values()),
+                                       default=None))
     await asyncio.to_thread(register, s.register_with, record, s.registration_key)

@@ -53,7 +53,7 @@ async def start_local_llm(registry: ModelRegistry, spec: LLMSpec, max_batch_size
     registry.pending.add(spec.name)
     await engine.start()
     model = registry.add(spec.name, ChatTokenizer(spec.model_dir, engine.tokenizer), engine.context_length,
-                         LocalBackend("local", engine))
+                         LocalBackend("local", engine), capacity=cfg.max_batch_size)
     model.root = str(spec.model_dir)
     log.info("model %s ready (transformers, %s, context %d)", spec.name, spec.dtype, engine.context_length)
 

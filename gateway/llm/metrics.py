@@ -16,7 +16,7 @@ from prometheus_client.registry import Collector
 from engines.base import EngineStats
 
 if TYPE_CHECKING:
-    from gateway.llm.admission import AdmissionConfig
+    from gateway.llm.registry import LLMModel
 
 _LATENCY_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 _ITL_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.5)
@@ -52,31 +52,40 @@ class LLMMetrics:
         self.retries = Counter("sluice_request_retries", "Requests moved to the next-ranked worker after a "
                                "failure before the first byte.", ["model"], registry=r)
         self.inflight_limit = Gauge("sluice_requests_inflight_limit",
-                                    "Admitted LLM requests a model may have at once (--max-running).", ["model"],
-                                    registry=r)
+                                    "Admitted LLM requests a model may have at once (--max-running, else its "
+                                    "capacity).", ["model"], registry=r)
         self.queued_limit = Gauge("sluice_requests_queued_limit",
-                                  "LLM requests a model may have waiting before 503 (--max-queued).", ["model"],
-                                  registry=r)
+                                  "LLM requests a model may have waiting before 503 (--max-queued, else 1x "
+                                  "the running limit).", ["model"], registry=r)
+        self.capacity = Gauge("sluice_model_capacity",
+                              "Engine requests a model's healthy workers run at once: the sum of their batch "
+                              "bounds (vLLM max_num_seqs, TensorRT-LLM max_batch_size, ...).", ["model"],
+                              registry=r)
         self.finished = Counter("sluice_request_finished", "Finished generations (one per choice), by model and "
                                 "finish reason (stop, length, abort, error...).", ["model", "finish_reason"],
                                 registry=r)
 
 
-    def model_changed(self, admission: AdmissionConfig, model: str, added: bool) -> None:
+    def model_changed(self, model: str, added: bool) -> None:
         """A model was added (its series start at 0, so rate() and alerts see it before any event)
         or removed (its gauges go)."""
         if not added:
-            for gauge in (self.inflight_limit, self.queued_limit, self.inflight, self.queued):
+            for gauge in (self.inflight_limit, self.queued_limit, self.capacity, self.inflight, self.queued):
                 try:
                     gauge.remove(model)
                 except KeyError:
                     pass
             return
-        self.inflight_limit.labels(model).set(admission.max_running)
-        self.queued_limit.labels(model).set(admission.max_queued)
         for series in (self.inflight, self.queued, self.retries, self.prompt_tokens, self.generation_tokens,
                        self.cached_tokens):
             series.labels(model)
+
+
+    def limits_changed(self, model: LLMModel) -> None:
+        a = model.admission
+        self.capacity.labels(model.name).set(a.capacity)
+        self.inflight_limit.labels(model.name).set(a.max_running)
+        self.queued_limit.labels(model.name).set(a.max_queued)
 
 
 class EngineStatsCollector(Collector):

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from engines.errors import ErrorKind, SluiceError
 from engines.text.tokenizer import ChatTokenizer
 from gateway.llm.admission import Admission, AdmissionConfig
+from gateway.llm.capacity import DEFAULT_WORKER_CAPACITY
 from gateway.llm.targets import Backend
 
 
@@ -38,14 +39,28 @@ class ModelRegistry:
         self.pending: set[str] = set()
         # Told of every model added and removed (the LLM layer starts and ends its per-model series).
         self.on_change: Callable[[str, bool], None] | None = None
+        # Told when a model's capacity or admission limits change (its gauges follow).
+        self.on_limits: Callable[[LLMModel], None] | None = None
 
-    def add(self, name: str, tokenizer: ChatTokenizer, context_length: int, backend: Backend) -> LLMModel:
-        model = LLMModel(name, tokenizer, context_length, backend, Admission(self.admission))
+    def add(self, name: str, tokenizer: ChatTokenizer, context_length: int, backend: Backend,
+            capacity: int = DEFAULT_WORKER_CAPACITY) -> LLMModel:
+        model = LLMModel(name, tokenizer, context_length, backend, Admission(self.admission, capacity))
         self.models[name] = model
         self.pending.discard(name)
         if self.on_change is not None:
             self.on_change(name, True)
+        if self.on_limits is not None:
+            self.on_limits(model)
         return model
+
+    def set_capacity(self, name: str, capacity: int) -> None:
+        """The model's capacity now (its workers came, went, or changed health): limits follow live."""
+        model = self.models.get(name)
+        if model is None:
+            return
+        before = model.admission.capacity
+        if (model.admission.set_capacity(capacity) or before != capacity) and self.on_limits is not None:
+            self.on_limits(model)
 
     def remove(self, name: str) -> None:
         if self.models.pop(name, None) is not None and self.on_change is not None:

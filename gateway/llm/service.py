@@ -61,7 +61,8 @@ class LLMService:
         self.metrics = metrics
         self.tracing = tracing or Tracing(None)
         self.registry = ModelRegistry(admission or AdmissionConfig())
-        self.registry.on_change = partial(metrics.model_changed, self.registry.admission)
+        self.registry.on_change = metrics.model_changed
+        self.registry.on_limits = metrics.limits_changed
         self.max_fanout = max_fanout  # engine requests one API request may create
         self.tokens = tokens
         # None: the client's salt as sent (tests, tools); the gateway passes its tenants' namespaces.

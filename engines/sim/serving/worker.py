@@ -91,14 +91,16 @@ class SimWorker:
         return {"object": "list", "data": [{
             "id": self.settings.model_name, "object": "model", "created": self.created,
             "owned_by": "sluice-sim", "root": self.settings.model_root, "parent": None,
-            "max_model_len": self.config.max_model_len, "sim_profile": self.profile.name}]}
+            "max_model_len": self.config.max_model_len, "max_num_seqs": self.config.max_num_seqs,
+            "sim_profile": self.profile.name}]}
 
     def record(self) -> WorkerRecord:
         """What `--gateway` registers: engine "sim", which the gateway talks to as it talks to vLLM."""
         events, replay = self.settings.kv_endpoints()
         return WorkerRecord(name=self.settings.name, url=self.settings.url, models=(self.settings.model_name,),
                             engine="sim", block_size=self.config.block_size, kv_events_endpoint=events,
-                            kv_events_replay_endpoint=replay, tokenizer=self.settings.model_root)
+                            kv_events_replay_endpoint=replay, tokenizer=self.settings.model_root,
+                            capacity=self.config.max_num_seqs)
 
     async def start(self) -> None:
         s = self.settings

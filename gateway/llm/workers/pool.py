@@ -22,12 +22,14 @@ from engines.remote import RemoteEngine, RemoteEngineConfig
 from engines.remote.payload import SALTED_DIALECTS
 from engines.text.tokenizer import ChatTokenizer
 from engines.weights import resolve_llm
+from gateway.llm.capacity import model_capacity
 from gateway.llm.registry import ModelRegistry
 from gateway.llm.targets import RouteHints, Target
-from gateway.llm.workers.probe import context_length, discover_kv_events, model_cards
+from gateway.llm.workers.probe import context_length, discover_kv_events, engine_capacity, model_cards
 from router import NoWorkerError, Router, WorkerInfo
 
 log = logging.getLogger("sluice.workers")
+_CAPACITY_REFRESH_S = 1.0  # how soon a model's admission limits follow a worker's health
 
 _DIALECTS = {"vllm": "vllm", "sim": "vllm", "trtllm": "trtllm", "transformers": "openai", "sluice": "openai",
              "openai": "openai"}
@@ -90,7 +92,9 @@ class RoutedBackend:
 
 
 class WorkerPool:
-    """Owns the RemoteEngines and keeps the router and the LLM service in step."""
+    """Owns the RemoteEngines and keeps the router and the LLM service in step: each model's
+    capacity (gateway.llm.capacity) is recomputed when a worker comes or goes, and every
+    `_CAPACITY_REFRESH_S` while any is registered, so admission follows the router's health view."""
 
     def __init__(self, registry: ModelRegistry, router: Router, repository: Path | None, *,
                  stall_timeout_s: float = 60.0, worker_key: str | None = None) -> None:
@@ -101,7 +105,9 @@ class WorkerPool:
         self.worker_key = worker_key  # sent to every worker; never logged
         self.engines: dict[str, RemoteEngine] = {}
         self.records: dict[str, WorkerRecord] = {}
+        self.capacities: dict[str, int | None] = {}  # by worker; None: unknown (the default applies)
         self._lock = asyncio.Lock()
+        self._refresher: asyncio.Task[None] | None = None
 
     async def add(self, record: WorkerRecord) -> list[str]:
         """Register or replace a worker (a vLLM worker's KV-event endpoints read from it when the
@@ -113,6 +119,7 @@ class WorkerPool:
         record = await discover_kv_events(record, self.worker_key)
         async with self._lock:
             cards = await model_cards(record.url, self.worker_key)
+            capacity = await engine_capacity(record, cards, self.worker_key)
             models = record.models or tuple(cards)
             for m in models:
                 existing = self.registry.models.get(m)
@@ -136,16 +143,20 @@ class WorkerPool:
             await engine.start()
             self.engines[record.name] = engine
             self.records[record.name] = record
+            self.capacities[record.name] = capacity
             self.router.add_worker(worker_info(record, tuple(models)))
+            self.refresh_capacity()
             if old is not None:
                 await old.stop()
-            log.info("worker %s registered: %s (%s)", record.name, ", ".join(models), record.engine)
+            log.info("worker %s registered: %s (%s, capacity %s)", record.name, ", ".join(models), record.engine,
+                     capacity or "unknown: the default")
             return list(models)
 
     async def remove(self, name: str) -> bool:
         async with self._lock:
             engine = self.engines.pop(name, None)
             self.records.pop(name, None)
+            self.capacities.pop(name, None)
             if engine is None:
                 return False
             self.router.remove_worker(name)
@@ -153,13 +164,35 @@ class WorkerPool:
             for m in [m for m, model in self.registry.models.items()
                       if isinstance(model.backend, RoutedBackend) and m not in served]:
                 self.registry.remove(m)
+            self.refresh_capacity()
             await engine.stop()
             log.info("worker %s removed", name)
             return True
 
     async def stop(self) -> None:
+        if self._refresher is not None:
+            self._refresher.cancel()
+            await asyncio.gather(self._refresher, return_exceptions=True)
+            self._refresher = None
         for name in list(self.engines):
             await self.remove(name)
+
+    def refresh_capacity(self) -> None:
+        """Set each routed model's capacity from its workers that take requests now (limits follow)."""
+        workers = self.router.workers()
+        for name, model in list(self.registry.models.items()):
+            if isinstance(model.backend, RoutedBackend):
+                self.registry.set_capacity(name, model_capacity(name, workers, self.capacities))
+        if self._refresher is None and self.engines:
+            self._refresher = asyncio.create_task(self._refresh_forever(), name="sluice-capacity")
+
+    async def _refresh_forever(self) -> None:
+        while True:
+            await asyncio.sleep(_CAPACITY_REFRESH_S)
+            try:
+                self.refresh_capacity()
+            except Exception:  # never let the refresher die; the next round tries again
+                log.exception("refreshing model capacities failed")
 
     def _tokenizer(self, model: str, record: WorkerRecord, card: dict[str, Any]) -> ChatTokenizer:
         """The model's own tokenizer, found locally: an explicit path or repository

@@ -1,8 +1,9 @@
-"""What a worker says about itself: its model cards (`/v1/models`) and its KV-event sources.
+"""What a worker says about itself: its model cards (`/v1/models`), its KV-event sources, its capacity.
 
-Both are read once, when a worker is registered: vLLM reports `max_model_len` per model
-on `/v1/models`, and its publisher's endpoints on `/kv_event_sources`. Both requests carry
-the gateway's worker key; a worker that refuses it is an error naming the refusal, at once
+All are read once, when a worker is registered: vLLM reports `max_model_len` per model
+on `/v1/models`, its publisher's endpoints on `/kv_event_sources`, and (in dev mode) its
+scheduler's `max_num_seqs` on `/server_info`; the sim puts `max_num_seqs` on its model card. Every
+request carries the gateway's worker key; a worker that refuses it is an error naming the refusal, at once
 (not a worker still starting, which is retried).
 """
 
@@ -43,6 +44,32 @@ def context_length(card: dict[str, Any]) -> int:
     """vLLM reports `max_model_len`; a worker that does not is assumed to take 2,048 tokens."""
     value = card.get("max_model_len")
     return value if isinstance(value, int) and not isinstance(value, bool) and 0 < value < 1 << 24 else 2048
+
+
+def _positive(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and 0 < value <= 1 << 20 else None
+
+
+async def engine_capacity(record: WorkerRecord, cards: dict[str, dict[str, Any]],
+                          worker_key: str | None = None) -> int | None:
+    """The requests a worker runs at once, if it says: the record's `capacity`; else `max_num_seqs`
+    on its model card (the sim); else, for vLLM, the scheduler's on `/server_info` (served only with
+    VLLM_SERVER_DEV_MODE=1). None: unknown (gateway.llm.capacity's default applies)."""
+    if record.capacity is not None:
+        return record.capacity
+    for card in cards.values():
+        if (seqs := _positive(card.get("max_num_seqs"))) is not None:
+            return seqs
+    if record.engine != "vllm":
+        return None
+    try:
+        async with httpx.AsyncClient(timeout=5.0) as http:
+            r = await http.get(record.url.rstrip("/") + "/server_info", params={"config_format": "json"},
+                               headers=_headers(worker_key))
+        info = r.json() if r.status_code == 200 else {}
+        return _positive(info["vllm_config"]["scheduler_config"]["max_num_seqs"])
+    except (httpx.HTTPError, ValueError, KeyError, TypeError):
+        return None
 
 
 async def discover_kv_events(record: WorkerRecord, worker_key: str | None = None) -> WorkerRecord:
