@@ -26,6 +26,16 @@ ROOT = Path(__file__).resolve().parents[2]
 REPO_SRC = ROOT / "model_repository"
 CACHE = Path(os.environ.get("SLUICE_CACHE", Path.home() / ".cache" / "sluice"))
 
+# A batched Sluice-API python model: Y = X.
+ECHO_PY = "class SluiceModel:\n    def execute_batch(self, inputs):\n        return {'Y': inputs['X']}\n"
+ECHO_CONFIG = '''
+name: "echo"
+backend: "python"
+max_batch_size: 8
+input [ { name: "X" data_type: TYPE_FP32 dims: [ -1 ] } ]
+output [ { name: "Y" data_type: TYPE_FP32 dims: [ -1 ] } ]
+'''
+
 ADD_SUB_PY = '''
 import json
 

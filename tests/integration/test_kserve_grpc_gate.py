@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 from tritonclient.grpc import service_pb2 as pb
 
-from tests.integration.kserve_support import start_server, write_model
+from tests.integration.kserve_support import ECHO_CONFIG, ECHO_PY, start_server, write_model
 from tests.integration.security_support import new_key, write_keys
 
 pytestmark = pytest.mark.integration
@@ -28,14 +28,6 @@ MAX_RPCS = 4
 MESSAGE_TIMEOUT_S = 10
 KEY = new_key("gate")
 SERVICE = "/inference.GRPCInferenceService/"
-ECHO_PY = "class SluiceModel:\n    def execute_batch(self, inputs):\n        return {'Y': inputs['X']}\n"
-ECHO_CONFIG = '''
-name: "echo"
-backend: "python"
-max_batch_size: 8
-input [ { name: "X" data_type: TYPE_FP32 dims: [ -1 ] } ]
-output [ { name: "Y" data_type: TYPE_FP32 dims: [ -1 ] } ]
-'''
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,15 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from tests.integration.kserve_support import GATED_CONFIG, GATED_PY, start_server, wait_for, write_model
+from tests.integration.kserve_support import (
+    ECHO_CONFIG,
+    ECHO_PY,
+    GATED_CONFIG,
+    GATED_PY,
+    start_server,
+    wait_for,
+    write_model,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -23,14 +31,6 @@ QUEUE_BOUND = 8
 STREAM_INFLIGHT = 3
 MAX_RPCS = 4
 MAX_MESSAGE = 1 << 20
-ECHO_PY = "class SluiceModel:\n    def execute_batch(self, inputs):\n        return {'Y': inputs['X']}\n"
-ECHO_CONFIG = '''
-name: "echo"
-backend: "python"
-max_batch_size: 8
-input [ { name: "X" data_type: TYPE_FP32 dims: [ -1 ] } ]
-output [ { name: "Y" data_type: TYPE_FP32 dims: [ -1 ] } ]
-'''
 
 
 @pytest.fixture(scope="module")
