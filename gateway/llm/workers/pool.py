@@ -20,6 +20,7 @@ from engines.errors import ErrorKind, SluiceError
 from engines.launchers.registration import WorkerRecord
 from engines.remote import RemoteEngine, RemoteEngineConfig
 from engines.remote.payload import SALTED_DIALECTS
+from engines.supervision import BackgroundTask
 from engines.text.tokenizer import ChatTokenizer
 from engines.weights import resolve_llm
 from gateway.llm.capacity import model_capacity
@@ -107,7 +108,7 @@ class WorkerPool:
         self.records: dict[str, WorkerRecord] = {}
         self.capacities: dict[str, int | None] = {}  # by worker; None: unknown (the default applies)
         self._lock = asyncio.Lock()
-        self._refresher: asyncio.Task[None] | None = None
+        self._refresher: BackgroundTask | None = None  # started with the first worker
 
     async def add(self, record: WorkerRecord) -> list[str]:
         """Register or replace a worker (a vLLM worker's KV-event endpoints read from it when the
@@ -171,8 +172,7 @@ class WorkerPool:
 
     async def stop(self) -> None:
         if self._refresher is not None:
-            self._refresher.cancel()
-            await asyncio.gather(self._refresher, return_exceptions=True)
+            await self._refresher.stop()
             self._refresher = None
         for name in list(self.engines):
             await self.remove(name)
@@ -184,15 +184,13 @@ class WorkerPool:
             if isinstance(model.backend, RoutedBackend):
                 self.registry.set_capacity(name, model_capacity(name, workers, self.capacities))
         if self._refresher is None and self.engines:
-            self._refresher = asyncio.create_task(self._refresh_forever(), name="sluice-capacity")
+            self._refresher = BackgroundTask("sluice-capacity", self._refresh_forever)
+            self._refresher.start()
 
     async def _refresh_forever(self) -> None:
-        while True:
+        while True:  # a failed round is logged and the loop restarted by BackgroundTask
             await asyncio.sleep(_CAPACITY_REFRESH_S)
-            try:
-                self.refresh_capacity()
-            except Exception:  # never let the refresher die; the next round tries again
-                log.exception("refreshing model capacities failed")
+            self.refresh_capacity()
 
     def _tokenizer(self, model: str, record: WorkerRecord, card: dict[str, Any]) -> ChatTokenizer:
         """The model's own tokenizer, found locally: an explicit path or repository
