@@ -1,3 +1,7 @@
+"""Servers the tests under tests/gateway share. Package-scoped: each holds the default LLM in-process
+(about 2 GB), so they stop when tests/gateway is done rather than living on beside the integration
+suite's vLLM workers."""
+
 from __future__ import annotations
 
 import shutil
@@ -9,7 +13,7 @@ import pytest
 from tests.servers import DEFAULT_REPO, Server, llm_only_repository, start_server
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def llm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     """The gateway with the default LLM on the in-process transformers engine."""
     tmp = tmp_path_factory.mktemp("llm")
@@ -19,7 +23,7 @@ def llm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     server.stop()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def full_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     """The default LLM plus a classic model (digits_onnx), HTTP and gRPC: what a hostile
     client can reach, and what must still answer after every refusal."""
@@ -31,7 +35,7 @@ def full_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     server.stop()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def tight_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     """One running slot, one queue place, a small body limit and fast pings."""
     tmp = tmp_path_factory.mktemp("tight")
