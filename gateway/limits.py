@@ -1,5 +1,5 @@
 """Bounds on HTTP requests: body size (raw and inflated), content encoding, JSON nesting depth.
-(The KServe gRPC server's bounds are `gateway.kserve.grpc_limits`.)
+(The KServe gRPC server's bounds are `gateway.kserve.grpc.limits`.)
 
 `read_body` drains an ASGI request body once, before the app sees it: every body is
 bounded by `max_body_bytes`, a gzip or deflate body is inflated as a stream and the

@@ -110,7 +110,7 @@ class Settings(BaseSettings):
     quota_rpm: int = Field(default=0, ge=0)
     quota_tpm: int = Field(default=0, ge=0)
     quota_concurrency: int = Field(default=0, ge=0)
-    # Classic path and KServe gRPC bounds (engines.classic.limits, gateway.kserve.grpc_limits.GrpcLimits,
+    # Classic path and KServe gRPC bounds (engines.classic.limits, gateway.kserve.grpc.limits.GrpcLimits,
     # which takes its defaults from here: the settings may not import the gRPC server's package).
     allow_model_uploads: bool = False  # repository loads may carry model files (code run at load)
     classic_max_queue_size: int = Field(default=ClassicLimits().max_queue_size, ge=1)  # per level, if config sets none

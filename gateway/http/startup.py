@@ -187,8 +187,8 @@ async def _start_grpc(state: AppState) -> Any:
     s = state.settings
     if state.classic is None or not s.grpc_port:
         return None
-    from gateway.kserve.grpc import start_grpc_server
-    from gateway.kserve.grpc_limits import GrpcLimits
+    from gateway.kserve.grpc.limits import GrpcLimits
+    from gateway.kserve.grpc.server import start_grpc_server
 
     return await start_grpc_server(state.classic, state.llm, s.host, s.grpc_port, GrpcLimits.from_settings(s),
                                    state.security, state.peers, state.renderer, drain=state.drain)

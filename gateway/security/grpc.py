@@ -1,6 +1,6 @@
 """The gRPC edge of access control: one call's check, from its metadata alone.
 
-The KServe call gate (`gateway.kserve.grpc_gate`) runs `GrpcAccess.enter` first, before
+The KServe call gate (`gateway.kserve.grpc.gate`) runs `GrpcAccess.enter` first, before
 the call's message is read or it takes an RPC slot: the `authorization`
 metadata (`Bearer <key>`) is checked against what the RPC needs
 (`classify_rpc`: ServerLive/ServerReady open, repository load/unload an admin

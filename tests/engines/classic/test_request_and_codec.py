@@ -163,7 +163,7 @@ def test_bytes_decoding_work_is_bounded_by_the_declared_shape():
 def test_grpc_typed_contents_counted_before_conversion():
     from tritonclient.grpc import service_pb2 as pb
 
-    from gateway.kserve import infer_grpc
+    from gateway.kserve.grpc import infer as infer_grpc
 
     request = pb.ModelInferRequest(model_name="m")
     tensor = request.inputs.add(name="x", datatype="INT32", shape=[2, 2])

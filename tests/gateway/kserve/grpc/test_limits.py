@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.kserve.grpc_limits import GrpcLimits
+from gateway.kserve.grpc.limits import GrpcLimits
 from gateway.settings import Settings
 
 

@@ -5,14 +5,14 @@ server; the caller stops it. Errors abort the call with the gRPC code matching
 Triton's (INVALID_ARGUMENT, NOT_FOUND, UNAVAILABLE, INTERNAL, RESOURCE_EXHAUSTED).
 For LLM models, ModelInfer/ModelStreamInfer take a BYTES `text_input` and answer
 `text_output` (the stream sends one response per delta). Every call passes the call
-gate first (`gateway.kserve.grpc_gate`: drain, key and quotas, RPC slot, before any message
+gate first (`gateway.kserve.grpc.gate`: drain, key and quotas, RPC slot, before any message
 is read), and each request on a ModelStreamInfer stream counts against its key's requests
 per minute.
 
 Bounds (`GrpcLimits`): the message size each way, the RPCs in progress at once
 (beyond it RESOURCE_EXHAUSTED), the time a unary call's message may take, and per
 ModelStreamInfer stream its requests in flight, its write deadline and the bytes of
-answers it may queue (`gateway.kserve.grpc_stream`).
+answers it may queue (`gateway.kserve.grpc.stream`).
 """
 
 from __future__ import annotations
@@ -35,11 +35,12 @@ from gateway.cpu_pool import Renderer
 from gateway.drain import Drain
 from gateway.frontends import channel
 from gateway.frontends.channel import Peers
-from gateway.kserve import generate, infer_grpc, views
+from gateway.kserve import generate, views
 from gateway.kserve.errors import grpc_status
-from gateway.kserve.grpc_gate import CallGate
-from gateway.kserve.grpc_limits import GrpcLimits
-from gateway.kserve.grpc_stream import Outbox, error_response, serve_stream
+from gateway.kserve.grpc import infer as infer_grpc
+from gateway.kserve.grpc.gate import CallGate
+from gateway.kserve.grpc.limits import GrpcLimits
+from gateway.kserve.grpc.stream import Outbox, error_response, serve_stream
 from gateway.llm.dispatch import Dispatch
 from gateway.llm.service import LLMService
 from gateway.security.access import current_key_id
@@ -181,7 +182,7 @@ class KServeServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: ig
 
     async def ModelStreamInfer(self, request_iterator: AsyncIterator[pb.ModelInferRequest], context: Any) -> None:
         """Requests on one stream run concurrently, at most `max_stream_inflight`; each answer (or error)
-        carries its request id. Writes are bounded in time and bytes (`gateway.kserve.grpc_stream`)."""
+        carries its request id. Writes are bounded in time and bytes (`gateway.kserve.grpc.stream`)."""
         await serve_stream(request_iterator, context, self.limits, self.drain, self._stream_one)
 
     async def _stream_one(self, request: pb.ModelInferRequest, outbox: Outbox) -> None:

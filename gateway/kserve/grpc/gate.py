@@ -17,7 +17,7 @@ message is read:
 5. A unary call's message must arrive within `message_timeout_s`, else DEADLINE_EXCEEDED.
 
 Streaming handlers write with `context.write` (the stream bounds its own writes:
-`gateway.kserve.grpc_stream`); they get the request iterator as it is.
+`gateway.kserve.grpc.stream`); they get the request iterator as it is.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ import grpc
 
 from gateway.drain import RETRY_AFTER_S, Drain, shutting_down
 from gateway.kserve.errors import grpc_status
-from gateway.kserve.grpc_limits import GrpcLimits
+from gateway.kserve.grpc.limits import GrpcLimits
 from gateway.security.access import Access, classify_rpc
 from gateway.security.grpc import GrpcAccess
 

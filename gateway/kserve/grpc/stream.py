@@ -28,7 +28,7 @@ import grpc
 from tritonclient.grpc import service_pb2 as pb
 
 from gateway.drain import Drain, shutting_down
-from gateway.kserve.grpc_limits import GrpcLimits
+from gateway.kserve.grpc.limits import GrpcLimits
 
 log = logging.getLogger("sluice.kserve.grpc")
 # How long a cut stream's status may take to go out; it waits behind the answers the client has

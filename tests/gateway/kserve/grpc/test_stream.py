@@ -6,7 +6,7 @@ import asyncio
 
 from tritonclient.grpc import service_pb2 as pb
 
-from gateway.kserve.grpc_stream import Outbox, error_response
+from gateway.kserve.grpc.stream import Outbox, error_response
 
 
 def _answer(request_id: str, size: int) -> pb.ModelStreamInferResponse:
