@@ -1,7 +1,8 @@
 """Suite-wide debugging aid: `kill -USR1 <pytest pid>` prints every asyncio task's stack
 to stderr (and `kill -USR2` every thread's), to diagnose a hung test without killing it.
 
-And the rule that only tests marked `integration` start servers (tests/server_guard.py)."""
+And the rule that only tests marked `integration` start servers (tests/server_guard.py), and
+httpx's module-level calls without a timeout of their own get a patient one (tests/http_timeouts.py)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests import server_guard
+from tests import http_timeouts, server_guard
 
 
 def _dump_tasks(signum: int, frame: object) -> None:
@@ -37,6 +38,7 @@ signal.signal(signal.SIGUSR1, _dump_tasks)
 
 
 server_guard.install()
+http_timeouts.install()
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -200,7 +200,7 @@ async def test_standin_faults_before_and_after_first_byte(standin_worker) -> Non
 
 
 async def _running(url: str) -> int:
-    async with httpx.AsyncClient() as client:
+    async with httpx.AsyncClient(timeout=60) as client:
         return (await client.get(f"{url}/metrics")).json()[0]["numActiveRequests"]
 
 

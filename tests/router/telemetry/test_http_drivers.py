@@ -89,7 +89,7 @@ async def test_health_is_false_for_error_answers_and_refused_connections():
 
     async with httpx.AsyncClient(transport=httpx.MockTransport(unhealthy)) as client:
         assert not await check_health(client, "http://127.0.0.1:9", 1)
-    async with httpx.AsyncClient() as client:
+    async with httpx.AsyncClient(timeout=60) as client:
         assert not await check_health(client, f"http://127.0.0.1:{free_port()}", 1)
 
 
