@@ -293,16 +293,20 @@ def test_concurrent_requests(server: Server) -> None:
 
 
 def test_tokens_per_minute(server: Server) -> None:
-    client, prompt = sdk(server, KEYS["tpm"][0]), list(range(100, 120))  # 20 prompt tokens of the 40 a minute
-    out = client.completions.create(model=LLM_NAME, prompt=prompt, max_tokens=10, temperature=0,
+    # A key's tokens flow back at 40 a minute (one every 1.5 s). The first request spends the whole
+    # minute at once (39 prompt tokens, charged at admission, and 1 generated), so the next one's 20
+    # prompt tokens do not fit until 30 s after the first began: one token of generation, not ten,
+    # keeps a loaded machine well inside that.
+    client = sdk(server, KEYS["tpm"][0])
+    out = client.completions.create(model=LLM_NAME, prompt=list(range(100, 139)), max_tokens=1, temperature=0,
                                     extra_body={"ignore_eos": True})
-    assert out.usage.prompt_tokens == 20 and out.usage.completion_tokens == 10
-    with pytest.raises(openai.RateLimitError) as e:  # 30 used; 20 more do not fit
-        client.completions.create(model=LLM_NAME, prompt=prompt, max_tokens=10)
+    assert out.usage.prompt_tokens == 39 and out.usage.completion_tokens == 1
+    with pytest.raises(openai.RateLimitError) as e:  # 40 used; 20 more do not fit
+        client.completions.create(model=LLM_NAME, prompt=list(range(100, 120)), max_tokens=10)
     assert _retry_after(e) >= 1 and "tokens per minute" in e.value.message
     text = metrics(server, ADMIN)
-    assert metric_value(text, "sluice_key_tokens_total", {"key_id": "tpm", "kind": "prompt"}) == 20
-    assert metric_value(text, "sluice_key_tokens_total", {"key_id": "tpm", "kind": "completion"}) == 10
+    assert metric_value(text, "sluice_key_tokens_total", {"key_id": "tpm", "kind": "prompt"}) == 39
+    assert metric_value(text, "sluice_key_tokens_total", {"key_id": "tpm", "kind": "completion"}) == 1
     assert metric_value(text, "sluice_key_rejections_total", {"key_id": "tpm", "reason": "tpm"}) == 1
 
 
