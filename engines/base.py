@@ -78,6 +78,9 @@ class EngineRequest:
     # W3C trace context (`traceparent`, `tracestate`) of the gateway's span for this attempt;
     # remote engines send it as request headers, so the worker's spans join the trace.
     trace_headers: dict[str, str] | None = None
+    # The consumer takes runs of plain text still JSON-escaped (`Delta.text_json`): a remote engine
+    # then relays its worker's plain events without decoding them in full (engines.remote.splice).
+    text_json: bool = False
 
 
 @dataclass(slots=True)
@@ -96,6 +99,10 @@ class Delta:
     logprobs: list[dict[str, Any]] | None = None  # OpenAI-shaped per-token logprobs, when requested
     # Why an engine stopped with finish_reason "error".
     error: str | None = None
+    # Only for a request with `text_json`: the text of a run of plain events as a JSON string body
+    # (no quotes, as orjson writes it), in place of `text` and `token_ids`; `completion_tokens`
+    # counts them. Never set with a finish reason, parser output or logprobs.
+    text_json: bytes | None = None
 
 
 @dataclass(frozen=True, slots=True)

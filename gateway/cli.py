@@ -43,14 +43,7 @@ def _serve_parser(sub: Any) -> None:
     _admission_flags(p)
     p.add_argument("--max-fanout", type=int, help="engine requests (prompts × n) one API request may create [128]")
     p.add_argument("--max-body-bytes", type=int, help="larger request bodies, raw or inflated, get 413 [8 MiB]")
-    p.add_argument("--header-timeout-s", type=float, help="time a client may take to send its headers [10]")
-    p.add_argument("--max-header-bytes", type=int, help="request line and headers beyond this get 431 [65536]")
-    p.add_argument("--max-header-count", type=int, help="more header fields than this get 431 [100]")
-    p.add_argument("--max-idle-connections-per-client", type=int,
-                   help="idle connections per client address (IPv6: per /64); beyond it the oldest is closed [256]")
-    p.add_argument("--max-idle-connections", type=int,
-                   help="idle connections in all (at most half the fd limit); beyond it the oldest is closed [4096]")
-    p.add_argument("--body-timeout-s", type=float, help="time a client may take to send its body [30]")
+    _connection_flags(p)
     p.add_argument("--max-batch-size", dest="engine_max_batch_size", type=int,
                    help="in-process engine batch size [32]")
     p.add_argument("--template-timeout-s", type=float, help="time limit of one chat-template render [5]")
@@ -63,6 +56,10 @@ def _serve_parser(sub: Any) -> None:
                    help="on SIGTERM, how long in-flight requests may finish while new ones get 503 [30]")
     p.add_argument("--worker-stall-timeout-s", type=float,
                    help="end a worker stream that sent nothing for this long after its first chunk [60]")
+    p.add_argument("--relay-interval-ms", type=float,
+                   help="read a worker stream that brings 3 tokens or more per this many ms once per interval, "
+                        "relaying what came as one event (less CPU per token, each token at most this much "
+                        "later); 0: at once [20]")
     p.add_argument("--stream-write-timeout-s", type=float,
                    help="end an SSE or gRPC stream whose client has not taken a write for this long [30]")
     p.add_argument("--max-stream-buffer-bytes", type=int,
@@ -74,6 +71,23 @@ def _serve_parser(sub: Any) -> None:
     p.add_argument("--log-format", choices=LOG_FORMATS, help="text, or json: one object per line [text]")
     _security_flags(p)
     _observability_flags(p)
+
+
+def _connection_flags(p: argparse.ArgumentParser) -> None:
+    """Bounds on a connection before its request runs (gateway.http.connections)."""
+    p.add_argument("--header-timeout-s", type=float, help="time a client may take to send its headers [10]")
+    p.add_argument("--max-header-bytes", type=int, help="request line and headers beyond this get 431 [65536]")
+    p.add_argument("--max-header-count", type=int, help="more header fields than this get 431 [100]")
+    p.add_argument("--max-idle-connections-per-client", type=int,
+                   help="kept-alive idle connections per client address (IPv6: per /64); beyond it the oldest is "
+                        "closed [256]")
+    p.add_argument("--max-idle-connections", type=int,
+                   help="kept-alive idle connections in all (at most half the fd limit); beyond it the oldest is "
+                        "closed [4096]")
+    p.add_argument("--max-fresh-connections", type=int,
+                   help="connections not yet sent a request, in all (at most half the fd limit); beyond it the "
+                        "oldest of the address holding the most is closed [16384]")
+    p.add_argument("--body-timeout-s", type=float, help="time a client may take to send its body [30]")
 
 
 def _fleet_flags(p: argparse.ArgumentParser) -> None:

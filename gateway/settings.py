@@ -59,12 +59,22 @@ class Settings(BaseSettings):
     # (Envoy's defaults: 60 KiB, 100 headers; Apache's LimitRequestFields is 100 too).
     max_header_bytes: int = Field(default=64 * 1024, ge=1024)
     max_header_count: int = Field(default=100, ge=8)
-    # Connections with no request in progress (gateway.http.connections): beyond either bound the
-    # oldest idle one is closed. Split between `--frontends`; the total also stays under half the fd limit.
+    # Kept-alive connections with no request in progress (gateway.http.connections): beyond either bound
+    # the oldest is closed. Fresh ones (no request yet) are bounded in total only: beyond it, the oldest
+    # of the address holding the most is closed. Split between `--frontends`; each total also stays
+    # under half the fd limit.
     max_idle_connections_per_client: int = Field(default=256, ge=1)
     max_idle_connections: int = Field(default=4096, ge=1)
+    max_fresh_connections: int = Field(default=16384, ge=1)
     body_timeout_s: float = Field(default=30.0, gt=0.0)  # ... and its body
     sse_ping_s: float = Field(default=5.0, gt=0.0)
+    # Streamed OpenAI responses relay a remote worker's plain events without decoding each in full
+    # (engines.remote.splice). SLUICE_RELAY_SPLICE=false decodes every event (to compare the two).
+    relay_splice: bool = True
+    # A remote worker's stream that brings at least 3 tokens per this many ms is read once per interval:
+    # the tokens that arrive in between reach the client as one event, each at most this much later
+    # (fewer reads and writes per token; a slower stream is relayed as it comes). 0: every read at once.
+    relay_interval_ms: float = Field(default=20.0, ge=0.0, le=1000.0)
     # On SIGTERM: how long in-flight requests may run on while new ones get 503.
     drain_timeout_s: float = Field(default=30.0, ge=0.0)
     # A worker stream that sent its first chunk and then nothing for this long is ended
@@ -167,7 +177,10 @@ class Settings(BaseSettings):
         return self
 
     def _frontends_allowed(self) -> None:
-        """What N copies of the server cannot keep consistent (gateway.frontends.supervisor)."""
+        """What N copies of the server cannot keep consistent (gateway.frontends.supervisor). Routing
+        state, quotas and worker registrations they share (router.replicas.node_state,
+        gateway.security.node_quotas, gateway.frontends.registrations); in-process LLMs are refused
+        once the repository is read (gateway.frontends.supervisor.check_no_local_llms)."""
         why = None
         if self.http_port == 0 or self.metrics_port == 0:
             why = "the ports must be given (the frontends share them; 0 would give each its own)"
@@ -175,8 +188,6 @@ class Settings(BaseSettings):
             why = "explicit model control would load or unload a model in one frontend only"
         elif self.register_with is not None:
             why = "a worker registers one URL with its gateway"
-        elif (self.quota_rpm or self.quota_tpm or self.quota_concurrency) and self.redis_url is None:
-            why = "per-key quotas need --redis-url (each frontend would grant the whole quota)"
         if why is not None:
             raise ValueError(f"--frontends {self.frontends}: {why}")
 

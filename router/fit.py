@@ -44,6 +44,13 @@ class LinearFit:
         self._b = np.zeros(n_features)
         self.weight = 0.0  # effective number of observations remembered
         self.observations = 0  # all observations, ever
+        # Other processes' statistics (`stats()` of each, summed), added to these when solving: the
+        # frontends of `--frontends N` fit one problem over all their observations (router.learning).
+        self.remote: tuple[Vector, Vector, float] | None = None
+
+    def stats(self) -> tuple[Vector, Vector, float]:
+        """This fit's own (A, b, weight), without `remote`: what another process adds to its own."""
+        return self._a.copy(), self._b.copy(), self.weight
 
     def observe(self, x: Sequence[float], y: float, weight: float = 1.0) -> None:
         v = np.asarray(x, dtype=np.float64)
@@ -56,15 +63,18 @@ class LinearFit:
 
     def solve(self, prior: Sequence[float], prior_weight: float) -> tuple[float, ...]:
         p = np.asarray(prior, dtype=np.float64)
-        if self.weight == 0.0:
+        a, b, weight = self._a, self._b, self.weight
+        if self.remote is not None:
+            a, b, weight = a + self.remote[0], b + self.remote[1], weight + self.remote[2]
+        if weight == 0.0:
             return tuple(float(v) for v in p)
-        d = np.diag(self._a) / self.weight
+        d = np.diag(a) / weight
         seen = d > 0.0
         with np.errstate(divide="ignore"):
             cap = np.where(p > 0.0, 1.0 / np.square(p), np.inf)
         ridge = prior_weight * np.minimum(d, cap)
-        m = self._a + np.diag(ridge)
-        v = self._b + ridge * p
+        m = a + np.diag(ridge)
+        v = b + ridge * p
         theta = p.copy()
         if seen.any():
             idx = np.flatnonzero(seen)

@@ -25,13 +25,18 @@ identified coefficients per worker (`pair_s` is seen only on the rare long promp
 minimum land on whichever worker's fit happens to be most optimistic. In virtual time at 64
 identical workers that put 3.8 times the mean work on one worker (`loadtests/routing/bench_vtime.py`).
 A fleet of unlike machines is still learned, as a speed per worker.
+
+The frontends of `--frontends N` learn as one (`set_remote`): each adds the other processes'
+statistics (`export`: the fleet fit's sums, the speed factors' sums, the answer-length means) to
+its own, so each solves the same problem over every process's observations.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
+from typing import Any
 
 import numpy as np
 
@@ -76,13 +81,18 @@ class CostLearner:
         self._worker_decay = 1.0 - 1.0 / config.worker_memory
         self._error_sum = self._error_weight = 0.0
         self._answers: dict[str, tuple[float, int]] = {}  # model: (mean answer tokens, observations)
+        # Other processes' statistics (`set_remote`): worker -> (Σx/y, Σxxᵀ/y²); model -> (Σ mean·n, Σ n).
+        self._remote_speed: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+        self._remote_answers: dict[str, tuple[float, float]] = {}
 
     def model(self, worker: str) -> TtftModel:
         """The worker's current coefficients: the fleet's times its speed factor (the fleet's
         own for a worker never observed)."""
         w = self._workers.get(worker)
         if w is None:
-            return self._fleet
+            if worker not in self._remote_speed:
+                return self._fleet
+            w = self._worker(worker)
         if w.model is None or w.fleet_epoch != self._fleet_epoch:
             w.model = _scaled(self._fleet, self.speed(worker))
             w.fleet_epoch = self._fleet_epoch
@@ -90,13 +100,15 @@ class CostLearner:
 
     def speed(self, worker: str) -> float:
         """How much slower than the fleet's model the worker is (1: as predicted; 2: twice as slow)."""
-        w = self._workers.get(worker)
-        if w is None:
+        w, r = self._workers.get(worker), self._remote_speed.get(worker)
+        if w is None and r is None:
             return 1.0
+        x = (w.x_over_y if w is not None else 0.0) + (r[0] if r is not None else 0.0)
+        xx = (w.xx_over_yy if w is not None else 0.0) + (r[1] if r is not None else 0.0)
         theta = np.asarray(_values(self._fleet))
         k = self.config.worker_prior_weight
-        den = float(theta @ w.xx_over_yy @ theta) + k
-        return (float(theta @ w.x_over_y) + k) / den if den > 0 else 1.0
+        den = float(theta @ xx @ theta) + k
+        return (float(theta @ x) + k) / den if den > 0 else 1.0
 
     @property
     def fleet(self) -> TtftModel:
@@ -191,7 +203,51 @@ class CostLearner:
 
     def answer_tokens(self, model: str) -> float:
         """The recent mean answer length of `model`'s requests (0 before any finished)."""
-        return self._answers.get(model, (0.0, 0))[0]
+        mean, n = self._answers.get(model, (0.0, 0))
+        total, weight = self._remote_answers.get(model, (0.0, 0.0))
+        if not weight:
+            return mean
+        n = min(n, self.config.worker_memory)
+        return (mean * n + total) / (n + weight)
+
+    def models(self) -> set[str]:
+        """The models with a mean answer length, here or in another process."""
+        return set(self._answers) | set(self._remote_answers)
+
+    def export(self) -> dict[str, Any]:
+        """This process's own statistics (never what `set_remote` added), for the others' `set_remote`."""
+        a, b, weight = self._fleet_fit.stats()
+        return {"fleet": [a.ravel().tolist(), b.tolist(), weight],
+                "speed": {name: [w.x_over_y.tolist(), w.xx_over_yy.ravel().tolist()]
+                          for name, w in self._workers.items() if w.x_over_y.any()},
+                "answers": {m: [mean, min(n, self.config.worker_memory)] for m, (mean, n) in self._answers.items()}}
+
+    def set_remote(self, parts: Sequence[Mapping[str, Any]]) -> None:
+        """The other processes' `export()`s, replacing the previous ones: from now on the fleet's fit,
+        the speed factors and the answer lengths are over their observations and this process's.
+        ValueError, TypeError or KeyError for a malformed part, and nothing changes."""
+        a, b, weight = np.zeros((4, 4)), np.zeros(4), 0.0
+        speed: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+        answers: dict[str, tuple[float, float]] = {}
+        for part in parts:
+            fa, fb, fw = part["fleet"]
+            a, b, weight = a + _array(fa, (4, 4)), b + _array(fb, (4,)), weight + float(fw)
+            for name, (x, xx) in part["speed"].items():
+                sx, sxx = speed.get(str(name), (np.zeros(4), np.zeros((4, 4))))
+                speed[str(name)] = (sx + _array(x, (4,)), sxx + _array(xx, (4, 4)))
+            for model, (mean, n) in part["answers"].items():
+                total, w = answers.get(str(model), (0.0, 0.0))
+                answers[str(model)] = (total + float(mean) * float(n), w + float(n))
+        if not (np.isfinite(weight) and weight >= 0 and all(np.isfinite(t) and w >= 0 for t, w in answers.values())):
+            raise ValueError("statistics that are not finite")
+        previous, self._fleet_fit.remote = self._fleet_fit.remote, ((a, b, weight) if parts else None)
+        try:
+            self._fleet = TtftModel(*self._fleet_fit.solve(_values(self.config.prior), _FLEET_PRIOR_WEIGHT))
+        except ValueError:
+            self._fleet_fit.remote = previous
+            raise
+        self._remote_speed, self._remote_answers = speed, answers
+        self._fleet_epoch += 1
 
     def forget(self, worker: str) -> None:
         self._workers.pop(worker, None)
@@ -199,6 +255,13 @@ class CostLearner:
 
 def _scaled(model: TtftModel, factor: float) -> TtftModel:
     return TtftModel(*(factor * v for v in _values(model)))
+
+
+def _array(values: Any, shape: tuple[int, ...]) -> np.ndarray:
+    out = np.asarray(values, dtype=np.float64).reshape(shape)
+    if not np.isfinite(out).all():
+        raise ValueError("statistics that are not finite")
+    return out
 
 
 def _values(model: TtftModel) -> tuple[float, ...]:

@@ -16,9 +16,10 @@ whatever the policy, so that predictions can be checked against what happens.
 
 Reasons are a small fixed set, used as a metric label:
 ``prefix_hit`` (the chosen worker has the longest cached prefix), ``load``
-(a worker with more cache lost on load), ``no_prefix`` (no worker has any of
-the prompt), ``least_load``, ``round_robin``, ``session``, ``session_no_key``
-(session policy without a key: fell back to prefix), ``degraded``.
+(a worker with more cache lost on load), ``no_prefix`` (no worker has more of
+the prompt than the cost's error: ranked as ``least_load``), ``least_load``,
+``round_robin``, ``session``, ``session_no_key`` (session policy without a
+key: fell back to prefix), ``degraded``.
 """
 
 from __future__ import annotations
@@ -82,16 +83,19 @@ def _ordered(scored: list[tuple[float, int, WorkerView]], tie_key: str | int,
              tolerance: float) -> list[tuple[float, int, WorkerView]]:
     """Cheapest first. Workers whose cost is within `tolerance` (relative) of the cheapest are a tie:
     a difference smaller than the cost model's own error says nothing. Ties go to the worker with
-    more cached tokens, then to the one that was sent the least prefill work so far (so that work
-    spreads evenly where latency does not care, instead of piling onto whichever looks a hair
-    cheaper), then to a rendezvous hash of `tie_key`. The rest follow by cost."""
+    more cached tokens, then to the one with the fewest prefill tokens queued (dispatched, no first
+    token yet: a request sent there waits for them, however the model prices them), then to the
+    one that was sent the least prefill work so far (so that work spreads evenly where latency
+    does not care, instead of piling onto whichever looks a hair cheaper), then to a rendezvous
+    hash of `tie_key`. The rest follow by cost."""
     if not scored:
         return scored
     best = min(t[0] for t in scored)
     bound = best + tolerance * abs(best)
     head = [t for t in scored if t[0] <= bound]
     rest = [t for t in scored if t[0] > bound]
-    head.sort(key=lambda t: (t[1], assigned_s(t[2]), -rendezvous_score(tie_key, t[2].name)))
+    head.sort(key=lambda t: (t[1], t[2].load.queued_prefill_tokens, assigned_s(t[2]),
+                             -rendezvous_score(tie_key, t[2].name)))
     rest.sort(key=lambda t: (t[0], t[1]))
     return head + rest
 
@@ -100,25 +104,34 @@ def rank_prefix(views: Sequence[WorkerView], prompt_tokens: int, tie_key: str | 
                 tolerance: float = 0.0, answer_tokens: float = 0.0) -> list[Candidate]:
     """Cheapest first: predicted TTFT on the worker, plus the refill time of what it would evict,
     plus how much longer an answer of `answer_tokens` decodes there, plus what its prefill delays
-    the worker's running requests."""
+    the worker's running requests.
+
+    Where no worker holds more than a `tolerance` share of the prompt (none at all, in particular),
+    what a hit would save is within the cost's own error, and the cost is `least_load`'s (the
+    whole prompt's TTFT) plus the eviction term, with reason ``no_prefix``: the decode and delay
+    terms weigh a hit against the batch it joins, and without one they would only reprice the
+    load with the coefficients the fit is least sure of (on prompts of one length it cannot tell
+    the latency from the per-token cost)."""
     ok, bad = _split(views)
     best_cached = max((v.predicted_cached_tokens for v in ok), default=0)
+    negligible = best_cached <= tolerance * prompt_tokens
     scored = []
     ttft: dict[str, float] = {}
     for v in ok:
         t = ttft[v.name] = view_ttft(v, prompt_tokens)
+        if negligible:
+            cold = t if v.predicted_cached_tokens == 0 else view_ttft(v, prompt_tokens, cached=0)
+            cost = cold + eviction_s(v.model, v.kv, prompt_tokens)
+            scored.append((cost, 0, v))
+            continue
         u = max(0, prompt_tokens - v.predicted_cached_tokens)
         cost = (t + eviction_s(v.model, v.kv, u) + decode_s(v.model, v.load, answer_tokens)
                 + delay_s(v.model, v.load, u, v.predicted_cached_tokens))
         scored.append((cost, -v.predicted_cached_tokens, v))
     out = []
     for cost, _, v in _ordered(scored, tie_key, tolerance):
-        if best_cached == 0:
-            reason = "no_prefix"
-        elif v.predicted_cached_tokens == best_cached:
-            reason = "prefix_hit"
-        else:
-            reason = "load"
+        reason = ("no_prefix" if negligible else "prefix_hit" if v.predicted_cached_tokens == best_cached
+                  else "load")
         out.append(Candidate(v.name, v.predicted_cached_tokens, cost, reason, ttft[v.name]))
     return out + _degraded(bad, tie_key, prompt_tokens)
 
@@ -128,7 +141,8 @@ def rank_least_load(views: Sequence[WorkerView], prompt_tokens: int, tie_key: st
     """Cheapest first by the predicted TTFT of the whole prompt: the load terms, blind to the cache."""
     ok, bad = _split(views)
     scored = [(view_ttft(v, prompt_tokens, cached=0), 0, v) for v in ok]
-    return [Candidate(v.name, v.predicted_cached_tokens, cost, "least_load", view_ttft(v, prompt_tokens))
+    return [Candidate(v.name, v.predicted_cached_tokens, cost, "least_load",
+                      cost if v.predicted_cached_tokens == 0 else view_ttft(v, prompt_tokens))
             for cost, _, v in _ordered(scored, tie_key, tolerance)] + _degraded(bad, tie_key, prompt_tokens)
 
 

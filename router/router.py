@@ -106,10 +106,11 @@ class Router:
         now = s.clock()
         out = []
         for w in s.workers.values():
-            inflight, queued = s.load.local(w.info.name)
+            load = s.load.snapshot(w.info.name, now)  # this replica's requests and the others' it was told of
             out.append(WorkerStatus(w.info.name, w.info.url, w.info.models, w.info.engine, w.block_size,
                                     w.health.healthy, w.health.draining, w.health.breaker.state(now),
-                                    inflight, queued, s.index.size(w.info.name), w.info.has_events))
+                                    load.in_flight, load.queued_prefill_tokens, s.index.size(w.info.name),
+                                    w.info.has_events))
         return out
 
     def models(self) -> list[str]:

@@ -5,12 +5,16 @@ load, pushes its own changes through the non-blocking ``publish_*`` calls, and
 receives other replicas' changes through a :class:`ReplicaSink`
 (`router.replicas.sync.ReplicaSync`). An implementation therefore only has to be
 *eventually* consistent, and a replica keeps routing while the backend is down.
+
+Two backends: Redis, between gateway replicas anywhere (`router.replicas.redis_state`), and the
+frontends of one `--frontends N` server on one node, over Unix sockets (`router.replicas.node_state`),
+which also share what the cost learned.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
-from typing import Protocol
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, Protocol
 
 
 class ReplicaSink(Protocol):
@@ -43,9 +47,19 @@ class ReplicaSink(Protocol):
     def record_task_restart(self, task: str) -> None:
         """The backend's sync loop failed unexpectedly (not an outage) and is starting over."""
 
+    def local_learning(self) -> dict[str, Any]:
+        """What this replica's cost learned from its own observations (`router.learning.CostLearner.export`)."""
+
+    def set_remote_learning(self, parts: Sequence[Mapping[str, Any]]) -> None:
+        """The other replicas' `local_learning()`, replacing the previous ones; ValueError if malformed."""
+
 
 class SharedState(Protocol):
-    """A backend (Redis) that spreads index and load changes between replicas."""
+    """A backend that spreads index and load changes between replicas."""
+
+    @property
+    def backend(self) -> str:
+        """"redis" or "node" (a metric says whether Redis is reachable only for the first)."""
 
     @property
     def connected(self) -> bool:

@@ -80,7 +80,7 @@ class RouterStateCollector(Collector):
                                     "predicted time to first token), ratio; 1 when balanced or idle.")
         balance.add_metric([], imbalance(work))
         yield from (queued, running, waiting, usage, memory, balance)
-        if s.shared is not None:  # only with --redis-url, so that 0 always means "lost"
+        if s.shared is not None and s.shared.backend == "redis":  # only with --redis-url: 0 always means "lost"
             redis = GaugeMetricFamily("sluice_router_redis_connected",
                                       "1 while the routing state shared in Redis is reachable, else 0.")
             redis.add_metric([], 1 if s.shared.connected else 0)

@@ -57,6 +57,8 @@ class WorkerStatus:
     healthy: bool
     draining: bool
     breaker: BreakerState
+    # Requests in flight and their prefill tokens still queued: this replica's plus the other replicas'
+    # (through Redis) or the sibling frontends' (router.replicas.node_state), as the router weighs them.
     in_flight: int
     queued_prefill_tokens: int
     index_blocks: int

@@ -10,6 +10,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -82,16 +83,19 @@ def llm_only_repository(tmp: Path) -> Path:
 
 
 def start_server(args: list[str], log_path: Path, *, env: dict[str, str] | None = None,
-                 grpc: bool = False, ready_timeout_s: float = 240.0, wait: bool = True) -> Server:
+                 grpc: bool = False, ready_timeout_s: float = 240.0, wait: bool = True,
+                 preexec_fn: Callable[[], None] | None = None) -> Server:
     """`sluice serve` in a subprocess; with `wait`, returns once /health answers 200,
-    else once the HTTP port answers at all (models may still be loading)."""
+    else once the HTTP port answers at all (models may still be loading). `preexec_fn` runs in
+    the child before it starts (e.g. to lower its soft fd limit)."""
     http_port = free_port()
     grpc_port = free_port() if grpc else 0
     cmd = [sys.executable, "-m", "gateway.cli", "serve", "--host", "127.0.0.1",
            "--http-port", str(http_port), "--grpc-port", str(grpc_port), *args]
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
     log = log_path.open("wb")
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=full_env)
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=full_env,
+                            preexec_fn=preexec_fn)
     server = Server(proc, http_port, grpc_port, log_path)
     wait_healthy(server, ready_timeout_s, any_status=not wait)
     return server

@@ -10,6 +10,7 @@ mid-body; vLLM sees the disconnect and aborts the request, freeing its batch slo
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import ssl
 from collections.abc import AsyncGenerator, AsyncIterator
@@ -24,6 +25,7 @@ from engines.errors import ErrorKind
 from engines.remote.errors import normalize_error
 from engines.remote.http1 import Exchange, Pool, ProtocolError, header_lines
 from engines.remote.payload import DIALECTS, Dialect, build_body
+from engines.remote.splice import RelayCounts, SplicedBatch
 from engines.remote.sse import SseLines
 from engines.remote.stream import StreamAssembler, coalesce
 
@@ -48,6 +50,10 @@ class RemoteEngineConfig:
     # this long is stopped or wedged (a killed one closes the connection and fails at once).
     stall_timeout_s: float = 60.0
     max_connections: int = 512
+    # A started stream that brings at least 3 tokens per this long is read once per interval, so the
+    # events that arrive in between are read, and relayed, together: fewer reads and client events
+    # per token, each at most this much later. 0: each read as soon as bytes arrive.
+    read_interval_s: float = 0.0
     api_key: str | None = None  # bearer token the worker expects, if any
     headers: tuple[tuple[str, str], ...] = ()  # sent with every request (e.g. a proxy's routing header)
 
@@ -58,6 +64,8 @@ class RemoteEngineConfig:
             raise ValueError(f"dialect must be one of {DIALECTS}, got {self.dialect!r}")
         if self.connect_timeout_s <= 0 or self.read_timeout_s <= 0 or self.stall_timeout_s <= 0:
             raise ValueError("timeouts must be > 0 seconds")
+        if not 0.0 <= self.read_interval_s <= 1.0:
+            raise ValueError(f"read_interval_s must be in [0, 1] seconds, got {self.read_interval_s}")
         if self.max_connections < 1:
             raise ValueError(f"max_connections must be >= 1, got {self.max_connections}")
 
@@ -86,6 +94,7 @@ class RemoteEngine:
         self._aborted: set[str] = set()
         self._max_seen = 0
         self._healthy = False
+        self.relay_counts = RelayCounts()  # worker events spliced and decoded (sluice_relay_events)
         split = urlsplit(config.url)
         self._prefix = split.path.rstrip("/")
         host = split.hostname or "127.0.0.1"
@@ -153,15 +162,21 @@ class RemoteEngine:
         self._live[rid] = None
         self._max_seen = max(self._max_seen, len(self._live))
         exchange: Exchange | None = None
+        spliced: SplicedBatch | None = None
         try:
             headers = {"X-Request-Id": rid, **(request.trace_headers or {})}
             exchange = await self._open(path, orjson.dumps(body), headers)
             self._live[rid] = exchange
             if rid in self._aborted:
                 exchange.abort()
-            async for delta in self._deltas(exchange, StreamAssembler(chat=request.kind == "chat"), rid):
+            assembler = StreamAssembler(chat=request.kind == "chat")
+            if request.text_json:
+                spliced = SplicedBatch(assembler)
+            async for delta in self._deltas(exchange, assembler, rid, spliced):
                 yield delta
         finally:
+            if spliced is not None:
+                self.relay_counts.add(spliced)
             if exchange is not None:
                 exchange.close()  # back to the pool if read to the end; else closed, which aborts upstream
             self._live.pop(rid, None)
@@ -191,38 +206,68 @@ class RemoteEngine:
             raise self._failure(exc, request_id) from None
         return exchange
 
-    async def _deltas(self, exchange: Exchange, assembler: StreamAssembler, rid: str) -> AsyncIterator[Delta]:
+    async def _deltas(self, exchange: Exchange, assembler: StreamAssembler, rid: str,
+                      spliced: SplicedBatch | None) -> AsyncIterator[Delta]:
+        """The Deltas of the response body, the events of one read coalesced; with `spliced`, plain
+        events are read through its template instead of being decoded (engines.remote.splice)."""
         lines = SseLines()
         sent_any = False
+        interval_s, loop = self.config.read_interval_s, asyncio.get_running_loop()
+        read_at = started_at = 0.0
         while True:
-            batch: list[Delta] = []
+            failure: Exception | None
             try:
+                # Rest before the next read only for a stream that brings at least 3 tokens an interval
+                # (4 seen): fewer would save less than the rest costs, so a slower stream is read, and
+                # relayed, as it comes.
+                tokens = assembler.completion_tokens
+                if interval_s and tokens >= 4 and tokens * interval_s >= 3 * (read_at - started_at) \
+                        and (wait_s := read_at + interval_s - loop.time()) > 0:
+                    await exchange.rest(wait_s)
                 data = await exchange.read()
-                ended = not data
-                for payload in lines.feed(data) if data else ():
-                    if payload == b"[DONE]":
-                        ended = True
-                        break
-                    batch.extend(assembler.feed(orjson.loads(payload)))
-            except (OSError, ProtocolError, TimeoutError, ValueError) as exc:
-                if rid in self._aborted:
-                    yield _abort_delta(assembler)
-                    return
-                error = self._failure(exc, rid)
-                if not sent_any:
-                    raise error from None
-                yield Delta(finish_reason="error", error=error.message, completion_tokens=assembler.completion_tokens)
-                return
-            for delta in coalesce(batch):
+                read_at = loop.time()
+                started_at = started_at if sent_any else read_at
+                batch, ended, failure = self._read_events(data, lines, assembler, spliced) if data \
+                    else ([], True, None)
+            except (OSError, ProtocolError, TimeoutError) as exc:
+                batch, ended, failure = [], True, exc
+            for delta in batch:  # the events before a malformed one are relayed, then the failure
                 if not sent_any:
                     sent_any = True
                     exchange.idle_timeout_s = self.config.stall_timeout_s
                 yield delta
+            if failure is not None:
+                if rid in self._aborted:
+                    yield _abort_delta(assembler)
+                    return
+                error = self._failure(failure, rid)
+                if not sent_any:
+                    raise error from None
+                yield Delta(finish_reason="error", error=error.message, completion_tokens=assembler.completion_tokens)
+                return
             if assembler.done or ended:
                 if not assembler.done:  # the body (or [DONE]) ended before the final chunk
                     yield assembler.finish()
                 await exchange.drain(_DONE_GRACE_S)  # read to the end so the connection is reused
                 return
+
+    def _read_events(self, data: bytes, lines: SseLines, assembler: StreamAssembler,
+                     spliced: SplicedBatch | None) -> tuple[list[Delta], bool, ValueError | None]:
+        """The Deltas of one read, its events coalesced; whether `[DONE]` came; and the ValueError of an
+        event that is not JSON (or a line over the bound), the Deltas then those of the events before it."""
+        batch: list[Delta] = []
+        try:
+            for payload in lines.feed(data):
+                if payload == b"[DONE]":
+                    return (spliced.take() if spliced is not None else coalesce(batch)), True, None
+                if spliced is not None:
+                    spliced.feed(payload)
+                else:
+                    self.relay_counts.decoded += 1
+                    batch.extend(assembler.feed(orjson.loads(payload)))
+        except ValueError as exc:
+            return (spliced.take() if spliced is not None else coalesce(batch)), True, exc
+        return (spliced.take() if spliced is not None else coalesce(batch)), False, None
 
     def _failure(self, exc: BaseException, request_id: str) -> EngineError:
         """Before the first byte this is retryable on another worker; after it, an error Delta."""

@@ -85,6 +85,16 @@ class Exchange:
             finally:
                 c.waiter = None
 
+    async def rest(self, delay_s: float) -> None:
+        """Leave the socket unread for `delay_s`: what the worker sends meanwhile waits in the kernel,
+        and the next `read()` takes all of it at once."""
+        c = self._conn
+        c.hold(True)
+        try:
+            await asyncio.sleep(delay_s)
+        finally:
+            c.hold(False)
+
     def _watch(self) -> None:
         """The watchdog: fails a waiting read once no byte came for the bound; else re-arms."""
         self._timer = None

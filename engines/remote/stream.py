@@ -113,7 +113,8 @@ class StreamAssembler:
                      completion_tokens=self.completion_tokens, cached_tokens=self.cached_tokens, error=error)
 
 
-def _plain(d: Delta) -> bool:
+def plain(d: Delta) -> bool:
+    """A Delta that only adds text (and its ids and logprobs): `coalesce` merges runs of them."""
     return d.finish_reason is None and d.chat_extra is None and d.prompt_tokens is None and d.cached_tokens is None
 
 
@@ -129,11 +130,11 @@ def coalesce(deltas: list[Delta]) -> list[Delta]:
     out: list[Delta] = []
     run: list[Delta] = []
     for d in deltas:
-        if _plain(d) and (not run or (run[0].logprobs is None) == (d.logprobs is None)):
+        if plain(d) and (not run or (run[0].logprobs is None) == (d.logprobs is None)):
             run.append(d)
             continue
         _flush(run, out)
-        if _plain(d):
+        if plain(d):
             run.append(d)
         else:
             out.append(d)

@@ -42,7 +42,8 @@ class ResponseProtocol(asyncio.Protocol):
         self._left = 0  # bytes left in the current chunk, or of a Content-Length body
         self._body: list[bytes] = []
         self._unread = 0
-        self._paused = False
+        self._paused = False  # by back-pressure: too much unread
+        self._held = False  # by the reader (`hold`): it takes what arrived later, at once
         self.error: BaseException | None = None
         self.last_data_s = self.loop.time()
         self.head = self.loop.create_future()
@@ -58,8 +59,10 @@ class ResponseProtocol(asyncio.Protocol):
         if self.state == DONE:
             self.keep_alive = False  # bytes after the response: do not reuse
             return
-        self._buf += data
         try:
+            if self.state == SIZE and not self._buf:
+                data = self._whole_chunks(data)
+            self._buf += data
             self._parse()
         except ProtocolError as e:
             self.fail(e)
@@ -67,7 +70,8 @@ class ResponseProtocol(asyncio.Protocol):
             return
         if self._unread > HIGH_WATER and not self._paused and self.transport is not None:
             self._paused = True
-            self.transport.pause_reading()
+            if not self._held:
+                self.transport.pause_reading()
         self.wake()
 
     def eof_received(self) -> bool | None:
@@ -119,6 +123,27 @@ class ResponseProtocol(asyncio.Protocol):
                 self.keep_alive = False
                 buf.clear()
 
+    def _whole_chunks(self, data: bytes) -> bytes:
+        """The complete data chunks at the start of `data` taken at once (a worker writes one event
+        per chunk, so this is nearly every read), without the state machine's copies; returns
+        the rest, for `_parse`."""
+        pos, n, body = 0, len(data), self._body
+        while True:
+            i = data.find(b"\r\n", pos, pos + MAX_CHUNK_LINE)
+            if i < 0:
+                break
+            size = _chunk_size(data[pos:i])
+            start = i + 2
+            end = start + size
+            if size == 0 or end + 2 > n:
+                break  # the last chunk (trailers follow), or one not all here: the state machine's
+            if data[end:end + 2] != b"\r\n":
+                raise ProtocolError("chunk not followed by CRLF")
+            body.append(data[start:end])
+            self._unread += size
+            pos = end + 2
+        return data[pos:] if pos else data
+
     def _line(self, st: int, line: bytes) -> None:
         if st == STATUS:
             parts = line.split(b" ", 2)
@@ -136,10 +161,7 @@ class ResponseProtocol(asyncio.Protocol):
                 return
             self._head_complete()
         elif st == SIZE:
-            size = line.split(b";", 1)[0].strip()
-            if not size or len(size) > 15 or size.strip(b"0123456789abcdefABCDEF"):
-                raise ProtocolError(f"bad chunk size {size[:20]!r}")
-            self._left = int(size, 16)
+            self._left = _chunk_size(line)
             self.state = DATA if self._left else TRAILER
         elif st == DATA_END:
             if line:
@@ -196,8 +218,20 @@ class ResponseProtocol(asyncio.Protocol):
         self._unread = 0
         if self._paused and self.transport is not None:
             self._paused = False
-            self.transport.resume_reading()
+            if not self._held:
+                self.transport.resume_reading()
         return data
+
+    def hold(self, on: bool) -> None:
+        """Stop reading the socket (on) or read it again: what arrives meanwhile waits in the kernel."""
+        if on == self._held:
+            return
+        self._held = on
+        if not self._paused and self.transport is not None and not self.closed:
+            if on:
+                self.transport.pause_reading()
+            else:
+                self.transport.resume_reading()
 
     @property
     def finished(self) -> bool:
@@ -208,3 +242,11 @@ class ResponseProtocol(asyncio.Protocol):
         if self.transport is not None and not self.closed:
             self.transport.close()
         self.closed = True
+
+
+def _chunk_size(line: bytes) -> int:
+    """The size on a chunk-size line (extensions ignored); ProtocolError if it is not hex."""
+    size = line.split(b";", 1)[0].strip()
+    if not size or len(size) > 15 or size.strip(b"0123456789abcdefABCDEF"):
+        raise ProtocolError(f"bad chunk size {size[:20]!r}")
+    return int(size, 16)

@@ -8,9 +8,12 @@ the others and answers for all: Prometheus metrics with a `frontend` label on ev
 
 Siblings talk over Unix sockets in a directory the supervisor made for them (mode 0700), which
 nothing on the network can reach. One request per connection: a JSON line in, a 4-byte
-big-endian length and that many bytes out. Ops: `metrics` (this process's exposition) and
-`stats` (snapshots of one name/version, or the error). A sibling that does not answer within
-`TIMEOUT_S` (one being restarted, say) is left out of that answer, and a warning is logged.
+big-endian length and that many bytes out. Ops: `metrics` (this process's exposition),
+`stats` (snapshots of one name/version, or the error) and `worker` (a worker registration,
+removal or drain another frontend took, applied here too: gateway.frontends.registrations). A
+sibling that does not answer within `TIMEOUT_S` (`WORKER_TIMEOUT_S` for `worker`, which probes
+the worker; one being restarted, say) is left out of that answer, and a warning is logged.
+What routing needs from the siblings travels on sockets of its own (router.replicas.node_state).
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import asyncio
 import json
 import logging
 import os
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +36,8 @@ from engines.errors import ErrorKind, SluiceError
 
 log = logging.getLogger("sluice.peers")
 TIMEOUT_S = 5.0
-_MAX_REQUEST_BYTES = 4096
+WORKER_TIMEOUT_S = 60.0  # a sibling applying a registration probes the worker and may load its tokenizer
+_MAX_REQUEST_BYTES = 1024 * 1024
 _MAX_RESPONSE_BYTES = 64 * 1024 * 1024
 LABEL = "frontend"
 
@@ -41,9 +46,10 @@ class Peers:
     """This frontend's socket for its siblings, and its questions to them."""
 
     def __init__(self, directory: Path, index: int, count: int, registry: CollectorRegistry,
-                 manager: ModelRepositoryManager | None) -> None:
+                 manager: ModelRepositoryManager | None,
+                 on_worker: Callable[[dict[str, Any]], Awaitable[dict[str, Any]]] | None = None) -> None:
         self.directory, self.index, self.count = directory, index, count
-        self._registry, self._manager = registry, manager
+        self._registry, self._manager, self._on_worker = registry, manager, on_worker
         self._server: asyncio.Server | None = None
 
     def path(self, index: int) -> Path:
@@ -65,7 +71,11 @@ class Peers:
         try:
             async with asyncio.timeout(TIMEOUT_S):  # a sibling that stops reading holds nothing for long
                 request = json.loads(await reader.readline())
-                body = self._answer(request)
+            async with asyncio.timeout(WORKER_TIMEOUT_S):
+                if isinstance(request, dict) and request.get("op") == "worker" and self._on_worker is not None:
+                    body = json.dumps(await self._on_worker(request)).encode()
+                else:
+                    body = self._answer(request)
                 writer.write(len(body).to_bytes(4, "big") + body)
                 await writer.drain()
         except (OSError, ValueError, TimeoutError, asyncio.LimitOverrunError):
@@ -87,10 +97,10 @@ class Peers:
             return json.dumps({"stats": [snapshot_to_dict(s) for s in snaps]}).encode()
         return json.dumps({"error": f"unknown op {op!r}"}).encode()
 
-    async def _ask(self, index: int, request: dict[str, str]) -> bytes | None:
+    async def _ask(self, index: int, request: dict[str, Any], timeout_s: float) -> bytes | None:
         writer = None
         try:
-            async with asyncio.timeout(TIMEOUT_S):
+            async with asyncio.timeout(timeout_s):
                 reader, writer = await asyncio.open_unix_connection(str(self.path(index)))
                 writer.write(json.dumps(request).encode() + b"\n")
                 await writer.drain()
@@ -105,10 +115,10 @@ class Peers:
             if writer is not None:
                 writer.close()
 
-    async def ask_all(self, request: dict[str, str]) -> dict[int, bytes]:
+    async def ask_all(self, request: dict[str, Any], timeout_s: float = TIMEOUT_S) -> dict[int, bytes]:
         """Every sibling's answer, by frontend index; the ones that did not answer are missing."""
         others = [i for i in range(self.count) if i != self.index]
-        answers = await asyncio.gather(*(self._ask(i, request) for i in others))
+        answers = await asyncio.gather(*(self._ask(i, request, timeout_s) for i in others))
         return {i: a for i, a in zip(others, answers, strict=True) if a is not None}
 
 

@@ -11,10 +11,12 @@ batch is formed from the requests that reached that process, with no hop between
 on the hot path.
 
 What must read the same from any frontend is asked of all of them (`gateway.frontends.channel`): metrics
-and statistics. What cannot stay consistent across copies is refused when the server starts:
-explicit model control (a load or unload would reach one process), model uploads,
-in-process LLMs (each frontend would load the weights; serve them from workers), per-key
-quotas without Redis (each process would grant the whole quota), port 0, worker registration.
+and statistics. What must agree is shared on the node: LLM routing state
+(`router.replicas.node_state`), per-key quotas (`gateway.security.node_quotas`) and worker
+registrations (`gateway.frontends.registrations`). What cannot stay consistent across copies is
+refused when the server starts: explicit model control (a load or unload would reach one
+process), model uploads, in-process LLMs (each frontend would load the weights; serve them from
+workers), port 0, and running as a worker that registers itself with a gateway.
 
 The supervisor checks that the ports are free (a plain bind: frontends left running by a
 killed supervisor would otherwise share them unnoticed), then starts the frontends in their
@@ -49,6 +51,7 @@ STARTUP_FAILED = 3  # a frontend's exit status when its start-up failed
 _MAX_DEATHS, _DEATH_WINDOW_S = 5, 60.0
 _BACKOFF = Backoff(initial_s=0.5, max_s=30.0, reset_after_s=_DEATH_WINDOW_S)
 _ENV_INDEX, _ENV_DIR, _ENV_PARENT = "SLUICE_FRONTEND_INDEX", "SLUICE_FRONTEND_DIR", "SLUICE_FRONTEND_PARENT"
+_ENV_STARTED = "SLUICE_FRONTEND_STARTED"  # the supervisor's start (Unix time): every model's `created`
 _CLEAN_EXITS = (0, -signal.SIGTERM, -signal.SIGINT)
 
 
@@ -99,12 +102,14 @@ class Supervisor:
         self._signalled: set[int] = set()  # pids the stop signal was sent to
         self._stop: tuple[int, float] | None = None  # the signal, and when to kill what is left
         self._dir = Path(tempfile.mkdtemp(prefix="sluice-frontends-"))  # mode 0700
+        self._started = str(int(time.time()))
 
     def _start(self, index: int) -> None:
         if self._stop is not None:
             return
         (self._dir / f"ready-{index}").unlink(missing_ok=True)
-        env = {**os.environ, _ENV_INDEX: str(index), _ENV_DIR: str(self._dir), _ENV_PARENT: str(os.getpid())}
+        env = {**os.environ, _ENV_INDEX: str(index), _ENV_DIR: str(self._dir), _ENV_PARENT: str(os.getpid()),
+               _ENV_STARTED: self._started}
         proc = subprocess.Popen(self._argv, env=env, start_new_session=True)  # Ctrl-C reaches us only
         self._procs[index] = proc
         log.info("frontend %d started (pid %d)", index, proc.pid)
@@ -191,23 +196,32 @@ class Supervisor:
 
 
 _FRONTEND: tuple[int, Path] | None = None
+_STARTED: int | None = None
 _READ = False
 
 
 def frontend_env() -> tuple[int, Path] | None:
     """In a frontend: its index and the siblings' socket directory (None in a single server).
     Read once, then taken out of the environment, so processes it starts are not frontends."""
-    global _FRONTEND, _READ
+    global _FRONTEND, _STARTED, _READ
     if not _READ:
         _READ = True
         index, directory = os.environ.pop(_ENV_INDEX, None), os.environ.pop(_ENV_DIR, None)
-        parent = os.environ.pop(_ENV_PARENT, None)
+        parent, started = os.environ.pop(_ENV_PARENT, None), os.environ.pop(_ENV_STARTED, None)
         if index is not None and directory is not None:
             _FRONTEND = int(index), Path(directory)
+            _STARTED = int(started) if started else None
             die_with_parent(signal.SIGTERM)  # a supervisor that dies takes its frontends with it
             if parent is not None and os.getppid() != int(parent):  # it died before that was set
                 os.kill(os.getpid(), signal.SIGTERM)
     return _FRONTEND
+
+
+def frontend_started() -> int | None:
+    """In a frontend: when its supervisor started (Unix time), which every frontend reports as its
+    models' `created`, so that `/v1/models` reads the same from each; None in a single server."""
+    frontend_env()
+    return _STARTED
 
 
 def mark_ready(frontend: tuple[int, Path]) -> None:

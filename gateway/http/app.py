@@ -14,6 +14,7 @@ from gateway import __version__
 from gateway.app_state import AppState
 from gateway.cpu_pool import Renderer
 from gateway.discovery.attest import Attestations
+from gateway.frontends.supervisor import frontend_env, frontend_started
 from gateway.http import error_handlers as errors
 from gateway.http import startup
 from gateway.http.connections import inflight_limit
@@ -22,7 +23,7 @@ from gateway.kserve import metrics as kserve_metrics
 from gateway.kserve.http_routes import build_router as kserve_router
 from gateway.kserve.infer_http import KServeInferRoute
 from gateway.llm.local import LLMSpec
-from gateway.llm.metrics import EngineStatsCollector, LLMMetrics
+from gateway.llm.metrics import EngineStatsCollector, LLMMetrics, RelayEventsCollector
 from gateway.llm.service import LLMService
 from gateway.llm.tracing import Tracing
 from gateway.llm.workers.pool import WorkerPool
@@ -33,10 +34,12 @@ from gateway.security.http import AccessMiddleware
 from gateway.security.tenancy import CacheNamespaces
 from gateway.settings import Settings
 from router import Router
+from router.replicas.node_state import NodeSharedState, NodeStateConfig
+from router.shared import SharedState
 
 # Response headers a browser client may read across origins.
 _EXPOSED_HEADERS = ["X-Request-Id", "X-Sluice-Worker", "X-Sluice-Predicted-Cached-Tokens", "X-Sluice-Route-Reason",
-                    "Retry-After"]
+                    "X-Sluice-Frontend", "Retry-After"]
 
 
 def build_state(settings: Settings) -> AppState:
@@ -47,13 +50,17 @@ def build_state(settings: Settings) -> AppState:
                      tracing=Tracing(settings.otlp_endpoint, __version__),
                      salt_for=CacheNamespaces.of(security.api.principals()).salt)
     registry.register(EngineStatsCollector(llm.engine_stats))
-    shared = None
+    llm.registry.created = frontend_started()
+    shared: SharedState | None = None
+    frontend = frontend_env()
     if settings.redis_url:
         from router.replicas.redis_state import RedisSharedState, RedisStateConfig
 
         options = settings.redis_options()
         shared = RedisSharedState(RedisStateConfig(url=settings.redis_url, password=options.get("password"),
                                                    ssl_ca_certs=options.get("ssl_ca_certs")))
+    elif frontend is not None:  # the sibling frontends share one routing picture (router.replicas.node_state)
+        shared = NodeSharedState(NodeStateConfig(frontend[1], frontend[0], settings.frontends))
     # The router and worker pool exist in every gateway, so workers can register at any time.
     router = Router(settings.router_config(), registry, shared)
     # Every request in flight may wait for a render once: a burst is bounded by the render timeout, not refused.
@@ -64,7 +71,9 @@ def build_state(settings: Settings) -> AppState:
     state = AppState(settings=settings, registry=registry, metrics=metrics, llm=llm, router=router,
                      workers=WorkerPool(llm.registry, router, settings.model_repository,
                                         stall_timeout_s=settings.worker_stall_timeout_s,
-                                        worker_key=settings.resolved_worker_key()),
+                                        read_interval_s=settings.relay_interval_ms / 1000,
+                                        worker_key=settings.resolved_worker_key(),
+                                        frontend=(frontend[0], settings.frontends) if frontend else (0, 1)),
                      renderer=renderer, security=security,
                      attestations=Attestations(settings.redis_url, settings.redis_options(),
                                                mac_key=settings.attestation_key))
@@ -74,6 +83,7 @@ def build_state(settings: Settings) -> AppState:
                                                limits=settings.classic_limits(),
                                                allow_uploads=settings.allow_model_uploads)
         kserve_metrics.register(registry, state.classic)
+    registry.register(RelayEventsCollector(state.workers.relay_counts))
     return state
 
 
@@ -113,8 +123,10 @@ def create_app(settings: Settings, llm_specs: list[LLMSpec] | None = None) -> Fa
         app.add_middleware(CORSMiddleware, allow_origins=state.security.cors_allow_origins, allow_methods=["*"],
                            allow_headers=["*"], expose_headers=_EXPOSED_HEADERS)
     app.add_middleware(DrainMiddleware, drain=state.drain)
+    frontend = frontend_env()
     app.add_middleware(SluiceMiddleware, observe=observe,
-                       max_inflight=inflight_limit(settings.max_inflight_requests, settings.frontends))
+                       max_inflight=inflight_limit(settings.max_inflight_requests, settings.frontends),
+                       frontend=frontend[0] if frontend is not None else None)
     for module in (chat, completions, embeddings, models, ops, admin, ui):
         app.include_router(module.router)
     if state.classic is not None:

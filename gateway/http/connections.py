@@ -2,14 +2,22 @@
 before, and independently of, the app.
 
 Requests, not connections, count against the in-flight cap (`SluiceMiddleware`). A connection
-with no request in progress is *idle* (opened and not yet sent its headers, or kept alive after a
-response): idle connections are bounded per client address (IPv6: per /64, which one host
-holds) and in total. Beyond either bound the oldest idle connection (of that client, or of all)
-is closed, and the new one is kept: a flood of idle sockets recycles its own connections and
-cannot lock out a client that arrives later. A connection with a request in progress (a stream
-too) is never idle, so busy connections from one address are not capped here. With
-`--frontends N` each process bounds its share (the bound / N, rounded up); the total stays under
-half the process's fd limit, which is raised to its hard limit at start.
+with no request in progress is one of two kinds, bounded apart:
+
+- *Kept alive* (answered, waiting for its next request): bounded per client address (IPv6: per
+  /64, which one host holds) and in total. Beyond either bound the oldest kept-alive connection
+  (of that client, or of all) is closed, and the new one is kept (`IdleConnections`).
+- *Fresh* (opened, first request's headers not yet complete): each lives at most the header
+  timeout, and they are bounded in total, not per address, so that a burst of thousands from one
+  address (a load balancer, a NAT, a benchmark) is served whole. Beyond the total, the oldest fresh
+  connection of the address holding the most is closed: a flood from one address (slowloris)
+  recycles its own connections and cannot close those of a client holding fewer
+  (`FreshConnections`).
+
+A connection with a request in progress (a stream too) is neither, so busy connections from one
+address are not capped here. With `--frontends N` each process bounds its share (the bound / N,
+rounded up); each total stays under half the process's fd limit, which is raised to its hard
+limit at start.
 """
 
 from __future__ import annotations
@@ -23,7 +31,7 @@ import resource
 import weakref
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Protocol
 
@@ -43,6 +51,7 @@ class ConnectionLimits:
     write_timeout_s: float = 30.0  # a write that waited this long for the client: the connection is cut
     max_buffer_bytes: int = 1024 * 1024  # bytes queued for a client that stopped reading: cut
     body_timeout_s: float = 30.0  # the rest of a body answered before it was read (401, 429): dropped within it
+    max_fresh_total: int = 16384  # connections that have not sent a request yet (`FreshConnections`)
 
     @property
     def stream_send_buffer(self) -> int:
@@ -51,14 +60,20 @@ class ConnectionLimits:
 
 
 def per_process(limits: ConnectionLimits, processes: int, fd_limit: int) -> ConnectionLimits:
-    """Each of `processes` frontends' share of the idle bounds; the total under half the fd limit."""
+    """Each of `processes` frontends' share of the connection bounds; each total under half the fd limit."""
     share = max(1, processes)
-    total = min(math.ceil(limits.max_idle_total / share), max(1, fd_limit // 2))
-    if total < math.ceil(limits.max_idle_total / share):
-        log.warning("idle connections bounded at %d per process: half the fd limit (%d)", total, fd_limit)
-    return ConnectionLimits(limits.header_timeout_s, limits.max_header_bytes, limits.max_header_count,
-                            math.ceil(limits.max_idle_per_client / share), total,
-                            limits.write_timeout_s, limits.max_buffer_bytes, limits.body_timeout_s)
+
+    cap = max(1, fd_limit // 2)
+
+    def total(bound: int, what: str) -> int:
+        mine = math.ceil(bound / share)
+        if mine > cap:
+            log.info("%s connections bounded at %d per process: half the fd limit (%d)", what, cap, fd_limit)
+        return min(mine, cap)
+
+    return replace(limits, max_idle_per_client=math.ceil(limits.max_idle_per_client / share),
+                   max_idle_total=total(limits.max_idle_total, "idle"),
+                   max_fresh_total=total(limits.max_fresh_total, "fresh"))
 
 
 def raise_fd_limit() -> int:
@@ -146,7 +161,7 @@ class Closable(Protocol):
 
 
 class IdleConnections:
-    """Idle connections by age, overall and per client; O(1) per change."""
+    """Kept-alive connections by age, overall and per client; O(1) per change."""
 
     def __init__(self, per_client: int, total: int, on_evict: Callable[[str], None] = lambda reason: None) -> None:
         self.per_client = per_client
@@ -189,17 +204,79 @@ class IdleConnections:
         conn.close_idle()
 
 
-class ConnectionMetrics:
-    """Connections the protocol layer closed, by reason, and the idle connections now open."""
+class FreshConnections:
+    """Connections that have not sent their first request's headers, by client and age; O(1) per change.
 
-    def __init__(self, registry: CollectorRegistry | None, idle: IdleConnections) -> None:
+    No bound per client. Past `total`, the oldest fresh connection of the client that holds the
+    most is closed: whoever floods loses its own connections first."""
+
+    def __init__(self, total: int, on_evict: Callable[[str], None] = lambda reason: None) -> None:
+        self.total = total
+        self.on_evict = on_evict
+        self._client_of: dict[Closable, str] = {}
+        self._by_client: dict[str, OrderedDict[Closable, None]] = {}
+        self._holding: dict[int, dict[str, None]] = {}  # n -> the clients that hold n fresh connections
+        self._most = 0  # the largest n held
+
+    def __len__(self) -> int:
+        return len(self._client_of)
+
+    def of(self, client: str) -> int:
+        return len(self._by_client.get(client, ()))
+
+    def add(self, conn: Closable, client: str) -> None:
+        """`conn` opened; past the total, closes the oldest fresh connection of the biggest holder."""
+        if conn in self._client_of:
+            return
+        self._client_of[conn] = client
+        mine = self._by_client.setdefault(client, OrderedDict())
+        mine[conn] = None
+        self._count(client, len(mine) - 1, len(mine))
+        if len(self._client_of) > self.total:
+            biggest = next(iter(self._holding[self._most]))
+            victim = next(iter(self._by_client[biggest]))
+            self.discard(victim)
+            self.on_evict("fresh_total")
+            victim.close_idle()
+
+    def discard(self, conn: Closable) -> None:
+        """`conn`'s first request's headers are complete, or it closed."""
+        client = self._client_of.pop(conn, None)
+        if client is None:
+            return
+        mine = self._by_client[client]
+        del mine[conn]
+        self._count(client, len(mine) + 1, len(mine))
+        if not mine:
+            del self._by_client[client]
+
+    def _count(self, client: str, before: int, after: int) -> None:
+        """`client` held `before` fresh connections and now holds `after` (one more or one less)."""
+        if before:
+            holders = self._holding[before]
+            del holders[client]
+            if not holders:
+                del self._holding[before]
+        if after:
+            self._holding.setdefault(after, {})[client] = None
+        if after > self._most or (before == self._most and before not in self._holding):
+            self._most = after
+
+
+class ConnectionMetrics:
+    """Connections the protocol layer closed, by reason, and the idle (and fresh) connections now open."""
+
+    def __init__(self, registry: CollectorRegistry | None, idle: IdleConnections, fresh: FreshConnections) -> None:
         self.closed = Counter("sluice_http_connections_closed", "HTTP connections the server closed before a "
                               "request ran, by reason (header_timeout, body_timeout, header_bytes, header_count, "
-                              "idle_per_client, idle_total).", ["reason"], registry=registry)
+                              "idle_per_client, idle_total, fresh_total).", ["reason"], registry=registry)
         self.slow_reader = slow_reader_counter(registry)
-        gauge = Gauge("sluice_http_idle_connections", "HTTP connections open with no request in progress.",
-                      registry=registry)
-        gauge.set_function(lambda: len(idle))
+        gauge = Gauge("sluice_http_idle_connections", "HTTP connections open with no request in progress "
+                      "(kept alive, or fresh: not yet sent a request).", registry=registry)
+        gauge.set_function(lambda: len(idle) + len(fresh))
+        gauge = Gauge("sluice_http_fresh_connections", "HTTP connections open that have not yet sent their "
+                      "first request's headers.", registry=registry)
+        gauge.set_function(lambda: len(fresh))
 
 
 _SLOW_READERS: weakref.WeakKeyDictionary[CollectorRegistry, Counter] = weakref.WeakKeyDictionary()

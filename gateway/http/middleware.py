@@ -36,16 +36,20 @@ class SluiceMiddleware:
     status, duration and body size, never the body."""
 
     def __init__(self, app: ASGIApp, max_inflight: int = 1024,
-                 observe: Callable[[str, str, int], None] | None = None) -> None:
+                 observe: Callable[[str, str, int], None] | None = None, frontend: int | None = None) -> None:
         self.app = app
         self.max_inflight = max_inflight
         self.inflight = 0
         self.observe = observe  # (route template, model, status) per finished request
+        # `--frontends N`: every response names the frontend that answered it (X-Sluice-Frontend).
+        self._frontend = None if frontend is None else (b"x-sluice-frontend", str(frontend).encode())
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        if self._frontend is not None:
+            send = partial(_named, send, self._frontend)
         request_id = _header(scope, b"x-request-id") or secrets.token_hex(16)  # uuid4().hex's shape, cheaper
         t0 = time.monotonic()
         status = {"code": 0}
@@ -99,6 +103,12 @@ class SluiceMiddleware:
         log.info("%s %s %s %.1fms body=%dB", scope.get("method"), scope.get("path"), code, duration_ms, size,
                  extra={**seen, "method": scope.get("method"), "path": scope.get("path"), "route": template,
                         "status": code, "model": model or None, "duration_ms": duration_ms, "body_bytes": size})
+
+
+async def _named(send: Send, header: tuple[bytes, bytes], message: Message) -> None:
+    if message["type"] == "http.response.start":
+        message = {**message, "headers": [*message.get("headers", []), header]}
+    await send(message)
 
 
 def _header(scope: Scope, name: bytes) -> str | None:

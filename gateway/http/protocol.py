@@ -7,7 +7,8 @@
   `max_header_bytes` of request line and headers, or more than `max_header_count` header fields,
   is answered 431 with a JSON error in the route's protocol and the connection is closed, before
   authentication and before the headers are turned into a request.
-- **Idle connections** are bounded per client and in total (`gateway.http.connections`).
+- **Idle connections**: kept-alive ones are bounded per client and in total; fresh ones (no
+  request yet) in total only, the biggest holder's closed first (`gateway.http.connections`).
 - **Writes** never wait on a client that stops reading (`gateway.http.flow`); a streamed response
   (SSE) also caps the kernel's send buffer, so that the bounds apply after kilobytes, not megabytes.
 
@@ -24,7 +25,13 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from gateway.http.connections import ConnectionLimits, ConnectionMetrics, IdleConnections, client_key
+from gateway.http.connections import (
+    ConnectionLimits,
+    ConnectionMetrics,
+    FreshConnections,
+    IdleConnections,
+    client_key,
+)
 from gateway.http.error_handlers import status_error_bytes
 from gateway.http.flow import BoundedFlow
 from gateway.sse import STREAM_EXTENSION
@@ -42,6 +49,7 @@ class SluiceHttpProtocol(HttpToolsProtocol):
     # Set per server by `build_protocol`.
     limits: ConnectionLimits = ConnectionLimits()
     idle: IdleConnections = IdleConnections(256, 4096)
+    fresh: FreshConnections = FreshConnections(16384)
     metrics: ConnectionMetrics | None = None
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -64,15 +72,16 @@ class SluiceHttpProtocol(HttpToolsProtocol):
                                 self._slow_reader)
         self._client_key = client_key(self.client)
         self._arm()
-        self.idle.add(self, self._client_key)
+        self.fresh.add(self, self._client_key)  # not held to the kept-alive bound per client
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
         self.idle.discard(self)
+        self.fresh.discard(self)
         super().connection_lost(exc)
 
     def close_idle(self) -> None:
-        """Closed as the oldest idle connection past a bound (`IdleConnections`)."""
+        """Closed as the oldest idle connection past a bound (`IdleConnections`, `FreshConnections`)."""
         if not self.transport.is_closing():
             self.transport.close()
 
@@ -133,6 +142,7 @@ class SluiceHttpProtocol(HttpToolsProtocol):
         self._disarm()
         self._in_head = False
         self.idle.discard(self)
+        self.fresh.discard(self)
         super().on_headers_complete()
 
     def _count(self, size: int, fields: int) -> None:
@@ -217,8 +227,9 @@ def build_protocol(limits: ConnectionLimits, registry: CollectorRegistry | None 
     """The protocol class of one server: its limits, its idle-connection table and its metrics."""
     cls: type[SluiceHttpProtocol] = type("SluiceHttpProtocol", (SluiceHttpProtocol,), {"limits": limits})
     idle = IdleConnections(limits.max_idle_per_client, limits.max_idle_total)
-    metrics = ConnectionMetrics(registry, idle)
-    idle.on_evict = lambda reason: metrics.closed.labels(reason).inc()
-    cls.idle = idle
+    fresh = FreshConnections(limits.max_fresh_total)
+    metrics = ConnectionMetrics(registry, idle, fresh)
+    idle.on_evict = fresh.on_evict = lambda reason: metrics.closed.labels(reason).inc()
+    cls.idle, cls.fresh = idle, fresh
     cls.metrics = metrics
     return cls

@@ -73,7 +73,7 @@ def connection_limits(settings: Settings) -> ConnectionLimits:
     limits = ConnectionLimits(settings.header_timeout_s, settings.max_header_bytes, settings.max_header_count,
                               settings.max_idle_connections_per_client, settings.max_idle_connections,
                               settings.stream_write_timeout_s, settings.max_stream_buffer_bytes,
-                              settings.body_timeout_s)
+                              settings.body_timeout_s, settings.max_fresh_connections)
     return per_process(limits, settings.frontends, raise_fd_limit())
 
 

@@ -15,6 +15,7 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,7 @@ from engines.launchers.registration import WorkerRecord, deregister, register
 from gateway.app_state import AppState
 from gateway.discovery import K8sDiscovery, parse_discovery
 from gateway.embedding_models import EmbeddingBridge
+from gateway.frontends import registrations
 from gateway.frontends.channel import Peers
 from gateway.frontends.supervisor import frontend_env, local_llms_refused, mark_ready
 from gateway.http.metrics_port import MetricsServer
@@ -70,9 +72,9 @@ async def _start_frontend(state: AppState, frontend: tuple[int, Path], llm_specs
     grpc_server: Any = None
     metrics_server: MetricsServer | None = None
     try:
-        _refuse_local_quotas(state)
-        state.peers = Peers(frontend[1], frontend[0], state.settings.frontends, state.registry, state.classic)
-        await state.peers.start()  # its siblings ask it for metrics and statistics
+        state.peers = Peers(frontend[1], frontend[0], state.settings.frontends, state.registry, state.classic,
+                            on_worker=partial(registrations.apply, state))
+        await state.peers.start()  # its siblings ask it for metrics and statistics, and tell it registrations
         await state.router.start()
         discovery = _discovery(state)
         state.startup_task = asyncio.create_task(bootstrap(state, llm_specs, discovery), name="sluice-bootstrap")
@@ -129,6 +131,8 @@ async def bootstrap(state: AppState, llm_specs: list[LLMSpec] | None,
             registry.pending.clear()
         if s.has_static_workers:
             await _add_static_workers(state)  # workers serve the LLMs; none run in-process too
+        if state.peers is not None:  # what registered with the other frontends before this one started
+            await registrations.restore(state, state.peers.directory)
         if discovery is not None:
             await discovery.start()
             await discovery.synced.wait()
@@ -153,15 +157,6 @@ async def bootstrap(state: AppState, llm_specs: list[LLMSpec] | None,
         registry.pending.clear()
         state.startup_error = f"startup failed: {e}"
         log.exception("startup failed")
-
-
-def _refuse_local_quotas(state: AppState) -> None:
-    """Settings refuse quota flags without Redis; a keys file may carry per-key quotas too."""
-    s = state.settings
-    limited = [p.id for p in state.security.api.principals() if not p.limits.unlimited]
-    if limited and s.redis_url is None:
-        raise SluiceError(f"--frontends {s.frontends}: keys {', '.join(limited[:5])} have quotas, which need "
-                          "--redis-url (each frontend would grant the whole quota)")
 
 
 def _refuse_llms_in_frontends(state: AppState) -> None:
@@ -215,6 +210,8 @@ def _announce_access(state: AppState) -> None:
         log.info("no admin key configured: admin routes answer only direct loopback clients")
     if s.redis_url:
         log.info("quotas are shared through Redis")
+    elif s.frontends > 1 and sec.quotas.limited:
+        log.info("quotas are shared by the %d frontends (gateway.security.node_quotas)", s.frontends)
 
 
 async def _add_static_workers(state: AppState) -> None:

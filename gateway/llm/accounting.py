@@ -16,6 +16,7 @@ class StreamClock:
 
     def __init__(self, metrics: LLMMetrics, model: str, t0: float) -> None:
         self.m, self.model = metrics, model
+        self.itl = metrics.itl.labels(model)  # looked up once: `labels()` per token cost more than the observation
         self.t0 = self.last_t = t0
         self.first = True
         self.reported_cached: int | None = None
@@ -23,13 +24,13 @@ class StreamClock:
     def tick(self, delta: Delta) -> bool:
         """Record one delta; True when it is the attempt's first token."""
         now = time.monotonic()
-        visible = bool(delta.text or delta.token_ids or delta.chat_extra)
+        visible = bool(delta.text or delta.token_ids or delta.chat_extra or delta.text_json is not None)
         first = self.first and (visible or delta.finish_reason is not None)
         if first:
             self.m.ttft.labels(self.model).observe(now - self.t0)
             self.first = False
         elif visible:
-            self.m.itl.labels(self.model).observe(now - self.last_t)
+            self.itl.observe(now - self.last_t)
         self.last_t = now
         if delta.cached_tokens is not None:
             self.reported_cached = delta.cached_tokens

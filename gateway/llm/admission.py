@@ -47,13 +47,13 @@ class Ticket:
         self._c = controller
         self.cost = cost
         self.admitted = admitted
-        self._event = asyncio.Event()
-        if admitted:
-            self._event.set()
+        # Only a waiting ticket needs an event (860 B): an admitted stream holds none.
+        self._event = None if admitted else asyncio.Event()
         self._done = False
 
     async def wait(self) -> None:
-        await self._event.wait()
+        if self._event is not None:
+            await self._event.wait()
 
     def release(self) -> None:
         if self._done:
@@ -118,4 +118,5 @@ class Admission:
             self.queued -= nxt.cost
             nxt.admitted = True
             self.running += nxt.cost
-            nxt._event.set()
+            if nxt._event is not None:
+                nxt._event.set()

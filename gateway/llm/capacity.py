@@ -14,6 +14,10 @@ slot turns over once), while a burst of twice the fleet's batch is still absorbe
 client gets a fast 503 with Retry-After rather than a wait of several answers. Excess the
 engines cannot run at once (a KV cache that fits fewer sequences than `max_num_seqs`) waits in
 the engine's own queue, which the router's load signals see (vLLM's `num_requests_waiting`).
+
+With `--frontends N` each frontend admits its share of the capacity (`frontend_share`): the kernel
+spreads connections evenly over the frontends, and the shares add up to the fleet's capacity, as
+the `sluice_model_capacity` samples of all frontends do.
 """
 
 from __future__ import annotations
@@ -44,3 +48,8 @@ def derived_limits(capacity: int, max_running: int | None, max_queued: int | Non
     running = max_running if max_running is not None else max(1, capacity)
     queued = max_queued if max_queued is not None else QUEUE_FACTOR * running
     return running, queued
+
+
+def frontend_share(capacity: int, index: int, count: int) -> int:
+    """Frontend `index` of `count`'s part of `capacity`: the parts differ by at most one and add up to it."""
+    return capacity // count + (1 if index < capacity % count else 0)

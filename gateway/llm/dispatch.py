@@ -16,7 +16,7 @@ import asyncio
 import time
 from collections.abc import AsyncGenerator, Callable
 from contextlib import aclosing
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from engines.base import Delta, EngineRequest
 from engines.errors import SluiceError
@@ -32,7 +32,7 @@ from gateway.llm.tracing import NO_TRACE, RequestTrace
 @dataclass(slots=True)
 class _Choice:
     request: EngineRequest
-    targets: list[Target]  # ranked, best first; never empty
+    targets: list[Target]  # ranked, best first; never empty (once it answered: the first and the current)
     current: int = 0  # the target of the open (or last) attempt
     open: bool = False  # the current attempt was dispatched and not yet finished
     # Tokens generated so far: the engine's count once it reports one, else counted from
@@ -53,7 +53,7 @@ class Dispatch:
     trace: RequestTrace = NO_TRACE  # OpenTelemetry spans of this request (gateway.llm.tracing), if tracing
     _closed: bool = False
     _interrupted: SluiceError | None = None
-    _wake: asyncio.Event = field(default_factory=asyncio.Event)  # set by interrupt()
+    _wake: asyncio.Event | None = None  # set by interrupt(); made only while waiting for admission
 
     @property
     def closed(self) -> bool:
@@ -110,7 +110,8 @@ class Dispatch:
 
     async def _admitted(self) -> None:
         """Wait for the admission ticket, unless interrupted first."""
-        if not self.ticket.admitted:
+        if not self.ticket.admitted and self._interrupted is None:
+            self._wake = asyncio.Event()
             waits = [asyncio.ensure_future(self.ticket.wait()), asyncio.ensure_future(self._wake.wait())]
             try:
                 await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
@@ -126,7 +127,8 @@ class Dispatch:
         if self._closed or self._interrupted is not None:
             return
         self._interrupted = error
-        self._wake.set()
+        if self._wake is not None:
+            self._wake.set()
         aborts = [c.targets[c.current].engine.abort(c.request.request_id) for c in self.choices if c.open]
         await asyncio.gather(*aborts, return_exceptions=True)
 
@@ -170,10 +172,13 @@ class Dispatch:
         # that went away, nor a request the engine rightly refused.
         fault = False
         answered: int | None = None  # tokens of an answer that ran to its end (stop or length)
+        settled = False
         try:
             async with self.trace.engine_call(target, choice.request) as call, \
                     aclosing(target.engine.generate(call.request)) as stream:
                 async for delta in stream:
+                    if not settled:
+                        settled, target = True, _settle(choice)
                     call.observe(delta)
                     _count_tokens(choice, delta)
                     if clock.tick(delta) and target.on_first_token is not None:
@@ -204,6 +209,19 @@ class Dispatch:
         hook = choice.targets[choice.current].on_finish
         if hook is not None:
             hook(cached_tokens, fault, answered)
+
+
+def _settle(choice: _Choice) -> Target:
+    """The current attempt answered, so no other target will be tried: keep only the first-ranked
+    one (the headers carry its prediction) and the current one, both without their dispatch hook
+    (already called), which holds the router's whole ranking. A long stream then holds one or two
+    targets, not one per worker of the fleet. Returns the current target."""
+    first, current = choice.targets[0], choice.targets[choice.current]
+    kept = [replace(first, on_dispatch=None)]
+    if choice.current:
+        kept.append(replace(current, on_dispatch=None))
+    choice.targets, choice.current = kept, len(kept) - 1
+    return kept[-1]
 
 
 def _count_tokens(choice: _Choice, delta: Delta) -> None:

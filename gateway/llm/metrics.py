@@ -120,3 +120,21 @@ class EngineStatsCollector(Collector):
             batched.add_metric(key, stats.batched_steps)
             restarts.add_metric(key, stats.restarts)
         yield from (running, waiting, batch, steps, batched, restarts)
+
+
+class RelayEventsCollector(Collector):
+    """Exports, at scrape time, how many of each remote worker's stream events the gateway read
+    through a plain-chunk template (`spliced`) and how many it decoded in full (`decoded`;
+    engines.remote.splice); plain counts on the engines, so relaying a token touches no metric."""
+
+    def __init__(self, source: Callable[[], Iterable[tuple[str, int, int]]]) -> None:
+        self._source = source  # (worker, spliced, decoded)
+
+    def collect(self) -> Iterable[CounterMetricFamily]:
+        events = CounterMetricFamily("sluice_relay_events", "Events of remote workers' streams, by worker and by how "
+                                     "the gateway read them: spliced (plain text relayed from the worker's bytes) "
+                                     "or decoded (in full).", labels=["worker", "path"])
+        for worker, spliced, decoded in self._source():
+            events.add_metric([worker, "spliced"], spliced)
+            events.add_metric([worker, "decoded"], decoded)
+        yield events

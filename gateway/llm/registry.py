@@ -41,10 +41,12 @@ class ModelRegistry:
         self.on_change: Callable[[str, bool], None] | None = None
         # Told when a model's capacity or admission limits change (its gauges follow).
         self.on_limits: Callable[[LLMModel], None] | None = None
+        self.created: int | None = None  # every model's `created` (frontends agree on it); None: when added
 
     def add(self, name: str, tokenizer: ChatTokenizer, context_length: int, backend: Backend,
             capacity: int = DEFAULT_WORKER_CAPACITY) -> LLMModel:
-        model = LLMModel(name, tokenizer, context_length, backend, Admission(self.admission, capacity))
+        model = LLMModel(name, tokenizer, context_length, backend, Admission(self.admission, capacity),
+                         created=self.created or int(time.time()))
         self.models[name] = model
         self.pending.discard(name)
         if self.on_change is not None:

@@ -52,6 +52,8 @@ class GenerateCall:
     # The public id of the API key the edge authenticated: its token quota is charged.
     # None (no key involved): not metered.
     key_id: str | None = None
+    # The edge takes runs of plain text as JSON (`EngineRequest.text_json`): streamed OpenAI responses.
+    text_json: bool = False
 
 
 class LLMService:
@@ -132,5 +134,5 @@ class LLMService:
                 sampling = sampling_for(call.model, call.params, len(prompt.token_ids), seed_offset=i)
                 rid = f"{call.request_id}-{p}-{i}"
                 out.append(EngineRequest(rid, call.model.name, prompt.token_ids, sampling, kind=call.kind,
-                                         chat_body=call.chat_body, cache_salt=salt))
+                                         chat_body=call.chat_body, cache_salt=salt, text_json=call.text_json))
         return out

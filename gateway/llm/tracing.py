@@ -197,7 +197,8 @@ class _TracedCall(EngineCall):
         self._span, self._first = span, True
 
     def observe(self, delta: Delta) -> None:
-        if self._first and (delta.text or delta.token_ids or delta.finish_reason is not None):
+        if self._first and (delta.text or delta.token_ids or delta.text_json is not None
+                            or delta.finish_reason is not None):
             self._first = False
             self._span.add_event("first_token")
         if delta.finish_reason is not None:

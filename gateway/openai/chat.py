@@ -42,7 +42,8 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
     ids = await render_chat(st.renderer, model, body.messages, body)
     call = GenerateCall(model, [Prompt(ids)], generation_params(body), new_id("chatcmpl"), kind="chat",
                         chat_body=forwarded(body, model.name), cache_salt=body.cache_salt, hints=hints_from(request),
-                        key_id=key_id_of(request))
+                        key_id=key_id_of(request), text_json=bool(body.stream and st.settings.relay_splice
+                                                                 and not body.logprobs))
     d = await st.llm.dispatch(call)
     client_id = request.headers.get("x-request-id")
     if body.stream:
@@ -90,6 +91,10 @@ async def stream_chunks(d: Dispatch, body: ChatCompletionRequest) -> AsyncGenera
                 yield enc.choices([{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
                                     "finish_reason": None}])
             raise_if_failed(delta)
+            if delta.text_json is not None:  # plain text the worker's events carried as JSON
+                if delta.text_json:
+                    yield enc.content_json(i, delta.text_json)
+                continue
             if delta.text and not (delta.chat_extra or delta.finish_reason or delta.logprobs):
                 yield enc.content(i, delta.text)  # the common chunk, from the template
                 continue

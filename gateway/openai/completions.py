@@ -23,7 +23,7 @@ from gateway.openai.chat import finish_reason, raise_if_failed
 from gateway.openai.logprobs import CompletionLogprobs
 from gateway.openai.prompts import prompt_count, tokenize_prompts
 from gateway.openai.schemas import CompletionRequest, generation_params
-from gateway.openai.streaming import ChunkEncoder, UsageTally, new_id, sse, unless_disconnected
+from gateway.openai.streaming import ChunkEncoder, UsageTally, json_body, new_id, sse, unless_disconnected
 from gateway.security.access import key_id_of
 
 router = APIRouter(route_class=OffLoopJSONRoute)
@@ -41,7 +41,8 @@ async def completions(body: CompletionRequest, request: Request) -> Response:
     st.llm.check_fanout(prompt_count(body.prompt), body.n)  # before tokenizing thousands of prompts
     prompts = await tokenize_prompts(st.renderer, model, body.prompt)
     call = GenerateCall(model, prompts, generation_params(body), new_id("cmpl"), cache_salt=body.cache_salt,
-                        hints=hints_from(request), key_id=key_id_of(request))
+                        hints=hints_from(request), key_id=key_id_of(request),
+                        text_json=bool(body.stream and st.settings.relay_splice and body.logprobs is None))
     d = await st.llm.dispatch(call)
     client_id = request.headers.get("x-request-id")
     if body.stream:
@@ -71,6 +72,12 @@ async def stream_chunks(d: Dispatch, body: CompletionRequest, prompts: list[Prom
         async for i, delta in deltas:
             tally.add(i, i // body.n, delta)
             raise_if_failed(delta)
+            if delta.text_json is not None:  # plain text the worker's events carried as JSON
+                echo = _echo_text(d, prompts[i // body.n]) if body.echo and i not in offsets else ""
+                offsets.setdefault(i, CompletionLogprobs(len(echo)))
+                if echo or delta.text_json:
+                    yield enc.text_json(i, json_body(echo) + delta.text_json)
+                continue
             text = delta.text
             if i not in offsets:
                 echo = _echo_text(d, prompts[i // body.n]) if body.echo else ""

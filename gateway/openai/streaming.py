@@ -6,8 +6,9 @@ Every chunk of one streamed response repeats the same envelope (id, object, crea
 system_fingerprint, and `usage: null` when usage was asked for); only the choices change. The
 envelope is serialised once per response, and the common chunk (one choice carrying text and
 nothing else) is spliced from fixed pieces around the text, so a relayed token costs one string
-encoding instead of building and serialising a dict. Other chunks go through orjson. The bytes
-are the same JSON as serialising the equivalent dict.
+encoding instead of building and serialising a dict; a text a remote worker's events already
+carried as JSON (`Delta.text_json`) is spliced in as it is. Other chunks go through orjson. The
+bytes are the same JSON as serialising the equivalent dict.
 
 `usage` objects, summed over the choices of one response.
 """
@@ -28,6 +29,11 @@ from gateway.openai.errors import error_body
 from gateway.sse import SSEResponse, relay
 
 T = TypeVar("T")
+
+
+def json_body(text: str) -> bytes:
+    """`text` as a JSON string body (no quotes), as orjson writes it."""
+    return orjson.dumps(text)[1:-1]
 
 
 def new_id(prefix: str) -> str:
@@ -73,6 +79,16 @@ class ChunkEncoder:
         """A completion chunk: choice `index` adds `text` (no logprobs, not finished)."""
         return (self._head + b'{"index":' + str(index).encode() + b',"text":' + orjson.dumps(text)
                 + b',"logprobs":null,"finish_reason":null}' + self._tail)
+
+    def text_json(self, index: int, body: bytes) -> bytes:
+        """`text` for a text already written as a JSON string body (engines.remote.splice)."""
+        return (self._head + b'{"index":' + str(index).encode() + b',"text":"' + body
+                + b'","logprobs":null,"finish_reason":null}' + self._tail)
+
+    def content_json(self, index: int, body: bytes) -> bytes:
+        """`content` for a content already written as a JSON string body (engines.remote.splice)."""
+        return (self._head + b'{"index":' + str(index).encode() + b',"delta":{"content":"' + body
+                + b'"},"logprobs":null,"finish_reason":null}' + self._tail)
 
     def content(self, index: int, content: str) -> bytes:
         """A chat chunk: choice `index` adds `content` (no logprobs, not finished)."""

@@ -20,9 +20,12 @@ from dataclasses import dataclass, field
 from prometheus_client import CollectorRegistry
 
 from engines.errors import ErrorKind, SluiceError
+from gateway.frontends.supervisor import frontend_env
 from gateway.security.access import ADMIN, Access
 from gateway.security.keys import ALL_SCOPES, KeyEntry, KeyRing, Limits, Principal, from_csv, from_file, single
 from gateway.security.metrics import SecurityMetrics
+from gateway.security.node_quotas import NodeQuotaStore
+from gateway.security.quota_buckets import QuotaStore
 from gateway.security.quotas import QuotaService
 from gateway.security.redis_store import RedisQuotaStore
 from gateway.settings import Settings
@@ -101,9 +104,18 @@ def build_security(settings: Settings, registry: CollectorRegistry) -> Security:
     anonymous = Principal(ANONYMOUS, defaults)
     limits = {p.id: p.limits for p in api.principals()} or {ANONYMOUS: defaults}
     metrics = SecurityMetrics(registry)
-    store = RedisQuotaStore(settings.redis_url, options=settings.redis_options()) if settings.redis_url else None
-    return Security(api, admin, QuotaService(limits, metrics, store), metrics, anonymous,
+    return Security(api, admin, QuotaService(limits, metrics, _quota_store(settings, limits)), metrics, anonymous,
                     settings.metrics_require_key, settings.cors_origins())
+
+
+def _quota_store(settings: Settings, limits: dict[str, Limits]) -> QuotaStore | None:
+    """Redis when configured; else, in a frontend of `--frontends N` with quotas, the frontends' table."""
+    if settings.redis_url:
+        return RedisQuotaStore(settings.redis_url, options=settings.redis_options())
+    frontend = frontend_env()
+    if frontend is not None and any(not lim.unlimited for lim in limits.values()):
+        return NodeQuotaStore(frontend[1] / "quotas", frontend[0], settings.frontends)
+    return None
 
 
 def registration_entries(settings: Settings) -> list[KeyEntry]:

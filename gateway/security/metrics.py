@@ -30,3 +30,6 @@ class SecurityMetrics:
         self.redis_fallbacks = Counter("sluice_quota_redis_fallbacks",
                                        "Times this replica lost Redis and fell back to local quotas.",
                                        registry=registry)
+        self.node_fallbacks = Counter("sluice_quota_node_fallbacks",
+                                      "Times this frontend of --frontends N could not use the quota table the "
+                                      "frontends share and enforced quotas alone.", registry=registry)

@@ -9,15 +9,16 @@ rate. Tokens a request has already used (its completion) are charged without a
 check and may push `tat` further (debt), which later requests wait out.
 
 Concurrency is a count of leases. `RedisQuotaStore` implements the same three
-operations in Lua, atomically across replicas; this one serves a gateway
-without Redis, and any gateway while Redis is away.
+operations in Lua, atomically across replicas, and `NodeQuotaStore` on a table the
+frontends of `--frontends N` share; this one serves a gateway without either, and any
+gateway while its shared store is away. `QuotaStore` is what a shared store offers.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
 from gateway.security.keys import Limits
 
@@ -28,6 +29,23 @@ CONCURRENCY_RETRY_S = 1.0  # a slot frees when a request ends; there is no sched
 class Refusal(NamedTuple):
     reason: str  # "rpm", "tpm" or "concurrency": a metric label
     retry_after_s: float
+
+
+class QuotaStore(Protocol):
+    """Quotas shared by several processes (gateway.security.redis_store, gateway.security.node_quotas).
+    Every call raises one of `STORE_ERRORS` (redis_store) when the store cannot be used now."""
+
+    label: str  # what the logs and /health call it: "Redis", ...
+    lease_ttl_ms: int  # a concurrency lease not renewed within this expires (renewed every third of it)
+
+    async def admit(self, key_id: str, limits: Limits, lease_id: str | None, *, count: bool) -> Refusal | None: ...
+    async def release(self, key_id: str, lease_id: str) -> None: ...
+    async def renew(self, leases: list[tuple[str, str]]) -> None: ...
+    async def reserve_tokens(self, key_id: str, tpm: int, tokens: int) -> Refusal | None: ...
+    async def charge_tokens(self, key_id: str, tpm: int, tokens: int) -> None: ...
+    async def ping(self) -> None: ...
+    async def check(self) -> None: ...
+    async def close(self) -> None: ...
 
 
 def charge(tat: float, now: float, cost: float, limit_per_window: int) -> float:

@@ -1,14 +1,16 @@
 """Per-key quotas for one gateway replica: requests per minute, tokens per minute, concurrency.
 
-`QuotaService` enforces them in Redis when one is configured (shared by every
-replica, `RedisQuotaStore`) and in process otherwise (`LocalQuotas`). When Redis
-cannot be reached it logs once, counts `sluice_quota_redis_fallbacks_total`, and
-enforces the same limits locally; a background task pings Redis and shares
-quotas again once it answers. While local, each replica allows a key its full
-limits, so N replicas may let it use up to N times them: while some key has
-limits and they are enforced locally (no Redis configured, or Redis lost),
+`QuotaService` enforces them in a shared store (`QuotaStore`) when there is one: Redis when
+configured (shared by every replica, `RedisQuotaStore`), else, in a frontend of `--frontends N`,
+the table the frontends share on their node (`NodeQuotaStore`); in process otherwise
+(`LocalQuotas`). When the store cannot be used it logs once, counts
+`sluice_quota_redis_fallbacks_total` (Redis) or `sluice_quota_node_fallbacks_total` (the
+frontends' table), and enforces the same limits locally; a background task pings the store and
+shares quotas again once it answers. While local, each process allows a key its full
+limits, so N of them may let it use up to N times them (the direction it fails in: open, never
+closed): while some key has limits and they are enforced locally,
 `sluice_quota_local` is 1 and `/health` says so (`health_detail`). Requests never
-wait on a Redis that is away: after the first failure they go local at once.
+wait on a store that is away: after the first failure they go local at once.
 
 The protocol edges call `admit` / `finish` around each request; the LLM layer
 and the embeddings route call `reserve_tokens` at admission and
@@ -30,7 +32,7 @@ from typing import Any
 from engines.errors import ErrorKind, SluiceError
 from gateway.security.keys import Limits
 from gateway.security.metrics import SecurityMetrics
-from gateway.security.quota_buckets import LocalQuotas, Refusal
+from gateway.security.quota_buckets import LocalQuotas, QuotaStore, Refusal
 from gateway.security.redis_store import STORE_ERRORS, RedisQuotaStore
 
 log = logging.getLogger("sluice.quotas")
@@ -42,7 +44,7 @@ class Lease:
     """One admitted request; `QuotaService.finish` ends it (idempotent)."""
 
     key_id: str
-    slot: str | None  # where its concurrency slot lives: "redis", "local", or None (no limit)
+    slot: str | None  # where its concurrency slot lives: "shared" (the store), "local", or None (no limit)
     lease_id: str
     held: bool  # counted in sluice_key_requests_in_flight
     done: bool = False
@@ -51,15 +53,17 @@ class Lease:
 class QuotaService:
     """Runs on one event loop; `finish`, `refund_tokens` and `commit_tokens` never block."""
 
-    def __init__(self, limits: dict[str, Limits], metrics: SecurityMetrics, store: RedisQuotaStore | None = None,
+    def __init__(self, limits: dict[str, Limits], metrics: SecurityMetrics, store: QuotaStore | None = None,
                  *, retry_s: float = 1.0) -> None:
         self._limits = limits
         self.metrics = metrics
         self.store = store
         self.local = LocalQuotas()
-        self.shared = store is not None  # Redis configured and, as far as we know, reachable
+        self.shared = store is not None  # a store configured and, as far as we know, usable
+        self._redis = isinstance(store, RedisQuotaStore)
+        self._fallbacks = metrics.redis_fallbacks if self._redis else metrics.node_fallbacks
         self._retry_s = retry_s
-        self._redis_leases: dict[str, Lease] = {}  # renewed while their requests run
+        self._leases: dict[str, Lease] = {}  # in the store, renewed while their requests run
         self._ids = itertools.count()
         self._replica = uuid.uuid4().hex[:12]
         self._tasks: set[asyncio.Task[None]] = set()
@@ -73,16 +77,16 @@ class QuotaService:
 
     def _set_shared(self, shared: bool) -> None:
         self.shared = shared
-        self.metrics.redis_up.set(1 if shared else 0)
+        self.metrics.redis_up.set(1 if shared and self._redis else 0)
         self.metrics.quota_local.set(1 if self.limited and not shared else 0)
 
     def health_detail(self) -> str | None:
         """What /health says about quotas: None when no key has one."""
         if not self.limited:
             return None
-        if self.shared:
-            return "shared through Redis"
-        why = "Redis is unreachable" if self.store is not None else "no --redis-url"
+        if self.shared and self.store is not None:
+            return f"shared through {self.store.label}"
+        why = f"{self.store.label} is unreachable" if self.store is not None else "no --redis-url"
         return (f"per-replica ({why}): each gateway replica enforces every key's full limits, so N replicas "
                 "may let a key use N times them")
 
@@ -113,8 +117,8 @@ class QuotaService:
         lease = Lease(key_id, slot if lease_id else None, lease_id, hold)
         if hold:
             in_flight.inc()
-        if lease.slot == "redis":
-            self._redis_leases[lease_id] = lease
+        if lease.slot == "shared":
+            self._leases[lease_id] = lease
         return lease
 
     def finish(self, lease: Lease) -> None:
@@ -125,15 +129,15 @@ class QuotaService:
             self._metrics_of(lease.key_id)[1].dec()
         if lease.slot == "local":
             self.local.release(lease.key_id)
-        elif lease.slot == "redis":
-            self._redis_leases.pop(lease.lease_id, None)
+        elif lease.slot == "shared":
+            self._leases.pop(lease.lease_id, None)
             if self.shared and self.store is not None:  # else it expires there on its own
                 self._spawn(self.store.release(lease.key_id, lease.lease_id))
 
     async def _admit(self, key_id: str, limits: Limits, lease_id: str, count: bool) -> tuple[Refusal | None, str]:
         if self.shared and self.store is not None:
             try:
-                return await self.store.admit(key_id, limits, lease_id or None, count=count), "redis"
+                return await self.store.admit(key_id, limits, lease_id or None, count=count), "shared"
             except STORE_ERRORS as e:
                 self._lost(e)
         return self.local.admit(key_id, limits, count=count, hold=bool(lease_id)), "local"
@@ -182,14 +186,14 @@ class QuotaService:
         else:
             self.local.charge_tokens(key_id, tpm, tokens)
 
-    async def _charge_shared(self, store: RedisQuotaStore, key_id: str, tpm: int, tokens: int) -> None:
+    async def _charge_shared(self, store: QuotaStore, key_id: str, tpm: int, tokens: int) -> None:
         try:
             await store.charge_tokens(key_id, tpm, tokens)
         except STORE_ERRORS as e:
             self._lost(e)
             self.local.charge_tokens(key_id, tpm, tokens)
 
-    # -- Redis availability ----------------------------------------------------------
+    # -- the store's availability ----------------------------------------------------
     def _refused(self, key_id: str, limits: Limits, refusal: Refusal) -> SluiceError:
         self.metrics.rejections.labels(key_id, refusal.reason).inc()
         wait_s = max(1, math.ceil(refusal.retry_after_s))
@@ -201,14 +205,14 @@ class QuotaService:
         if not self.shared:
             return
         self._set_shared(False)
-        self.metrics.redis_fallbacks.inc()
+        self._fallbacks.inc()
         self._lost_event.set()
-        log.warning("quotas: Redis unreachable (%s: %s); enforcing quotas on this replica alone until it returns",
-                    type(error).__name__, error)
+        log.warning("quotas: %s unreachable (%s: %s); enforcing quotas on this process alone until it returns",
+                    self.store.label if self.store else "", type(error).__name__, error)
 
     def _back(self) -> None:
         self._set_shared(True)
-        log.warning("quotas: Redis is reachable again; quotas are shared across replicas again")
+        log.warning("quotas: %s is reachable again; quotas are shared again", self.store.label if self.store else "")
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         task = asyncio.get_running_loop().create_task(self._quietly(coro))
@@ -222,12 +226,12 @@ class QuotaService:
             self._lost(e)
 
     async def flush(self) -> None:
-        """Wait for the Redis writes `finish` and the token calls started (releases, charges)."""
+        """Wait for the store writes `finish` and the token calls started (releases, charges)."""
         while self._tasks:
             await asyncio.gather(*list(self._tasks), return_exceptions=True)
 
     async def start(self) -> None:
-        """Raise RedisAccessError when Redis refuses this gateway; a Redis that is away is only lost."""
+        """Raise RedisAccessError when Redis refuses this gateway; a store that is away is only lost."""
         if self.store is not None and self._maintainer is None:
             await self._quietly(self.store.check())
             self._maintainer = asyncio.create_task(self._maintain(self.store), name="sluice-quota-redis")
@@ -243,8 +247,8 @@ class QuotaService:
             with contextlib.suppress(*STORE_ERRORS):
                 await asyncio.wait_for(self.store.close(), timeout=2.0)
 
-    async def _maintain(self, store: RedisQuotaStore) -> None:
-        """Renew this replica's leases while their requests run; while Redis is away, probe it."""
+    async def _maintain(self, store: QuotaStore) -> None:
+        """Renew this process's leases while their requests run; while the store is away, probe it."""
         renew_s = store.lease_ttl_ms / 3000
         while True:
             with contextlib.suppress(asyncio.TimeoutError):
@@ -256,8 +260,8 @@ class QuotaService:
                 if not self.shared:
                     await store.ping()
                     self._back()
-                elif self._redis_leases:
-                    await store.renew([(lease.key_id, lease.lease_id) for lease in self._redis_leases.values()])
+                elif self._leases:
+                    await store.renew([(lease.key_id, lease.lease_id) for lease in self._leases.values()])
                 else:
                     await store.ping()
             except STORE_ERRORS as e:

@@ -98,6 +98,8 @@ class RedisAccessError(Exception):
 
 
 class RedisQuotaStore:
+    label = "Redis"
+
     def __init__(self, url: str, *, prefix: str = "sluice:quota", socket_timeout_s: float = 0.5,
                  lease_ttl_s: float = 30.0, options: dict[str, Any] | None = None) -> None:
         """`options`: redis-py connection options beyond the URL (`password`, `ssl_ca_certs`)."""

@@ -4,7 +4,9 @@ One sim worker (`--engine sim --profile zero`: every engine step takes 0 s, so t
 streams as fast as its own process can) and, in front of that same worker, `sluice serve`
 (`--workers-file`, the worker's KV events on) and vllm-router (PyPI `vllm-router`, a Rust
 binary, `--policy round_robin`). With `--baseline-src DIR` a second `sluice serve` runs the
-code in DIR (e.g. `git archive <commit>`) as "sluice_before", in the same run.
+code in DIR (e.g. `git archive <commit>`) as "sluice_before", and each `--variant NAME=FLAGS` a
+`sluice serve FLAGS` of this tree as NAME, in the same run. `--sim-profile` paces the worker
+(e.g. `base_s=0.01`: a token per stream every 10 ms, one per read: the per-event cost).
 
 Each level (concurrent streams) runs every path once per round, in an order rotated from round
 to round; each stream sends its requests one after another on one keep-alive connection
@@ -19,7 +21,7 @@ unmeasured segment at `--profile-level` streams; the raw profile and its summary
 
     flock /tmp/sluice-bench.lock .venv/bin/python loadtests/relay/bench_sim.py --baseline-src /tmp/sluice-base
 
-Writes loadtests/reports/relay_overhead.json and .png (and relay_profile_*.txt).
+Writes loadtests/reports/relay_overhead.json and .png (and relay_overhead_profile_*.txt: named after --out).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import asyncio
 import json
 import os
 import platform
+import shlex
 import statistics
 import subprocess
 import sys
@@ -175,13 +178,17 @@ def profile(pid: int, port: int, kind: str, level: int, seconds: float, max_toke
     return summarize(out.read_text(), 25) if out.is_file() else {"error": "py-spy wrote no profile"}
 
 
+def _shown(path: Path) -> str:
+    return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
+
+
 def start_all(scratch: Path, args: argparse.Namespace, group: dict[str, subprocess.Popen[bytes]]) -> dict[str, int]:
     """Start every process into `group` (so the caller stops what started even if a later one fails)."""
     sim_port, gw_port, before_port, vr_port = procs.free_ports(4, span=3)
     kv = sim_port + 1  # the sim's first KV-event port pair (PUB, replay), below the next free base
     extra = ["--max-num-seqs", "2048", "--num-gpu-blocks", "16384", "--max-num-batched-tokens", "65536",
              "--kv-events-port", str(kv), "--max-model-len", "4096"]
-    group["sim"] = procs.sim_fleet(sim_port, scratch / "sim.log", extra=extra)
+    group["sim"] = procs.sim_fleet(sim_port, scratch / "sim.log", extra=extra, profile=args.sim_profile)
     procs.wait_ok(f"http://127.0.0.1:{sim_port}", group["sim"])
     wf = procs.workers_file(scratch / "workers.yaml", [sim_port], kv)
     group["sluice"] = procs.sluice(gw_port, wf, scratch / "sluice.log")
@@ -190,6 +197,11 @@ def start_all(scratch: Path, args: argparse.Namespace, group: dict[str, subproce
         group["sluice_before"] = procs.sluice(before_port, wf, scratch / "sluice_before.log",
                                               src=Path(args.baseline_src))
         paths["sluice_before"] = before_port
+    for variant in args.variant:  # NAME=FLAGS: another `sluice serve` of this tree, with these flags
+        name, _, flags = variant.partition("=")
+        port = procs.free_ports(1)[0]
+        group[name] = procs.sluice(port, wf, scratch / f"{name}.log", extra=shlex.split(flags))
+        paths[name] = port
     group["vllm_router"] = procs.vllm_router(vr_port, [f"http://127.0.0.1:{sim_port}"], "round_robin",
                                              scratch / "vllm_router.log")
     for name, port in paths.items():
@@ -235,6 +247,11 @@ def main() -> int:
     p.add_argument("--prompt-tokens", type=int, default=64)
     p.add_argument("--min-requests", type=int, default=40, help="requests per segment at least")
     p.add_argument("--baseline-src", default=None, help="a source tree whose gateway runs as sluice_before")
+    p.add_argument("--variant", action="append", default=[], metavar="NAME=FLAGS",
+                   help="also measure `sluice serve FLAGS` of this tree as NAME (e.g. "
+                        "'sluice_interval0=--relay-interval-ms 0')")
+    p.add_argument("--sim-profile", default="zero",
+                   help="the sim worker's step times (e.g. base_s=0.01: a token per stream every 10 ms) [zero]")
     p.add_argument("--profile-s", type=float, default=0, help="py-spy the gateway(s) this long at --profile-level")
     p.add_argument("--profile-level", type=int, default=64)
     p.add_argument("--max-load", type=float, default=3.0, help="before each level, wait for a load average below")
@@ -253,10 +270,10 @@ def main() -> int:
                                                   args.prompt_tokens, args.min_requests, args.max_load,
                                                   args.max_wait_s))
             profiles = {}
-            for name in ("sluice", "sluice_before"):
+            for name in ("sluice", "sluice_before", *(v.partition("=")[0] for v in args.variant)):
                 if args.profile_s > 0 and name in paths:
-                    raw = args.out.with_name(f"relay_profile_{name}_{args.kind}.txt")
-                    profiles[name] = {"raw": str(raw.relative_to(ROOT)), "level": args.profile_level,
+                    raw = args.out.with_name(f"{args.out.stem}_profile_{name}.txt")
+                    profiles[name] = {"raw": _shown(raw), "level": args.profile_level,
                                       **profile(group[name].pid, paths[name], args.kind, args.profile_level,
                                                 args.profile_s, args.max_tokens, args.prompt_tokens, raw)}
         except Exception:
@@ -270,8 +287,9 @@ def main() -> int:
     report = {"benchmark": "relay overhead against a zero-delay sim worker: direct vs sluice vs vllm-router",
               "kind": args.kind, "max_tokens": args.max_tokens, "prompt_tokens": args.prompt_tokens,
               "ignore_eos": True, "rounds": args.rounds, "paths": names,
-              "worker": "sluice worker --engine sim --profile zero (one process)",
+              "worker": f"sluice worker --engine sim --profile {args.sim_profile} (one process)",
               "vllm_router": "vllm-router 0.1.17 --policy round_robin", "baseline_src": args.baseline_src,
+              "variants": args.variant,
               "client": "loadtests/lib/stream_client.py: raw HTTP/1.1, one keep-alive connection per stream, "
                         "closed loop",
               "itl": "time between consecutive SSE events with content, as the client read them",

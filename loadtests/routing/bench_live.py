@@ -18,6 +18,7 @@ request), TTFT p50/p99, goodput (requests/s with TTFT within `--slo-ttft-s`), an
 
     flock /tmp/sluice-bench.lock .venv/bin/python loadtests/routing/bench_live.py        # everything
     ... --workers 8 --workloads chat,mooncake --duration-s 30                               # a subset
+    ... --workers 64 --workloads nosharing,skewed --levels high --out ...                   # some cells
 
 JSON in loadtests/reports/live_routing.json, PNG next to it. Rerun after a routing change with the
 same command: the workloads are seeded, so the traffic is the same.
@@ -180,12 +181,15 @@ async def run_fleet(n: int, args: argparse.Namespace, vocab: Vocab, tokenizer: A
         wf = procs.workers_file(scratch / f"workers{n}.yaml", [base + i for i in range(n)], kv, block_size=block)
         group.append(procs.sluice(gw, wf, scratch / f"sluice{n}.log"))
         await asyncio.to_thread(procs.wait_ok, f"http://127.0.0.1:{gw}", group[-1])
-        policies = [f"sluice:{p}" for p in SLUICE_POLICIES] + [f"vllm:{p}" for p in VLLM_POLICIES]
+        policies = [p for p in [f"sluice:{p}" for p in SLUICE_POLICIES] + [f"vllm:{p}" for p in VLLM_POLICIES]
+                    if p in args.policies]
         tag_rng = random.Random(time.time_ns())  # run tags differ from any earlier run's
         for w_i, name in enumerate(args.workloads):
             if name == "mooncake" and n not in args.mooncake_workers:
                 continue
             for level, base_rate in zip(("low", "high"), RATES[name], strict=True):
+                if level not in args.levels:
+                    continue
                 rate = base_rate * n / 8
                 reqs = build_workload(name, vocab, rate, args.duration_s, args.seed)
                 bound = upper_bound(token_ids(tokenizer, [tagged(r, vocab.words[0] * 2) for r in reqs]), block)
@@ -219,10 +223,14 @@ def main() -> int:
     p.add_argument("--kv-tokens", type=int, default=46592, help="KV capacity per worker in tokens (the profile's)")
     p.add_argument("--slo-ttft-s", type=float, default=2.0)
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--levels", default="low,high", help="rate levels to run (a rerun of some cells: high)")
+    p.add_argument("--policies", default=",".join([f"sluice:{p}" for p in SLUICE_POLICIES] +
+                                                  [f"vllm:{p}" for p in VLLM_POLICIES]))
     p.add_argument("--out", type=Path, default=REPORT)
     args = p.parse_args()
     args.workloads = args.workloads.split(",")
     args.mooncake_workers = [int(x) for x in args.mooncake_workers.split(",")]
+    args.levels, args.policies = args.levels.split(","), args.policies.split(",")
     from engines.text.tokenizer import ChatTokenizer
     from engines.weights import resolve_llm
 

@@ -52,6 +52,8 @@ _Op = tuple[str, str, list[int], Any]
 class RedisSharedState:
     """A :class:`router.shared.SharedState` backed by Redis."""
 
+    backend = "redis"
+
     def __init__(self, config: RedisStateConfig) -> None:
         self.config = config
         self.connected = False

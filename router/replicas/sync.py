@@ -2,13 +2,14 @@
 
 :class:`ReplicaSync` is the :class:`~router.shared.ReplicaSink` a backend
 (`router.replicas.redis_state.RedisSharedState`) is started with. It applies other
-gateway replicas' index operations and load to a :class:`~router.state.RouterState`
-and lists this replica's own entries and load for the backend to push.
+gateway replicas' index operations, load and learned cost statistics to a
+:class:`~router.state.RouterState` and lists this replica's own for the backend to push.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
 
 from router.index.prefix_index import EXACT
 from router.state import RouterState
@@ -53,3 +54,12 @@ class ReplicaSync:
 
     def record_task_restart(self, task: str) -> None:
         self._state.record_task_restart(task, "")
+
+    def local_learning(self) -> dict[str, Any]:
+        return self._state.learn.export()
+
+    def set_remote_learning(self, parts: Sequence[Mapping[str, Any]]) -> None:
+        learn = self._state.learn
+        learn.set_remote(parts)
+        for model in learn.models():  # the gauge follows what the others learned too
+            self._state.metrics.answer_tokens.labels(model).set(learn.answer_tokens(model))

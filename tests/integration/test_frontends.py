@@ -3,7 +3,8 @@
 Every request opens a new connection, so the kernel spreads them over both frontends; what a
 client reads back (Triton statistics over HTTP and gRPC, Prometheus metrics on both ports) must
 add up over both. A frontend killed is restarted and serves again; SIGTERM ends them all; what
-N copies cannot keep consistent is refused at start.
+N copies cannot keep consistent is refused at start. LLM traffic across frontends (shared routing,
+quotas and registrations): test_frontends_llm.py.
 """
 
 from __future__ import annotations
@@ -140,7 +141,6 @@ def test_what_copies_cannot_keep_consistent_is_refused(tmp_path: Path) -> None:
     cmd = [sys.executable, "-m", "gateway.cli", "serve", "--model-repository", str(_repo(tmp_path)),
            "--http-port", str(free_port()), "--frontends", "2"]
     for extra, why in ((["--model-control-mode", "explicit"], "explicit model control"),
-                       (["--quota-rpm", "10"], "quotas need --redis-url"),
                        (["--frontends", "0"], "greater than or equal to 1")):
         done = subprocess.run(cmd + extra, cwd=ROOT, capture_output=True, text=True, timeout=60)
         assert done.returncode == 2 and why in done.stderr, done.stderr
@@ -171,18 +171,6 @@ def test_the_llm_check_in_each_frontend_backs_the_supervisors() -> None:
         _refuse_llms_in_frontends(state(2, ()))
     _refuse_llms_in_frontends(state(1, ()))  # a single server loads it, as always
     _refuse_llms_in_frontends(state(2, ("another",)))  # not one this server serves
-
-
-def test_per_key_quotas_from_a_keys_file_need_redis(tmp_path: Path) -> None:
-    keys = tmp_path / "keys.yaml"
-    keys.write_text("- {id: team-a, key: sk-frontends-quota-test-0123456789, rpm: 60}\n")
-    cmd = [sys.executable, "-m", "gateway.cli", "serve", "--host", "127.0.0.1", "--model-repository",
-           str(_repo(tmp_path)), "--http-port", str(free_port()), "--grpc-port", "0", "--frontends", "2",
-           "--api-keys-file", str(keys)]
-    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
-    assert done.returncode == 1, done.stderr[-3000:]
-    assert "keys team-a have quotas, which need --redis-url" in done.stderr
-    assert "sk-frontends-quota-test" not in done.stderr
 
 
 SLOW_PY = '''
@@ -248,11 +236,3 @@ def test_a_port_in_use_is_refused_before_any_frontend_starts(tmp_path: Path) -> 
                str(_repo(tmp_path)), "--http-port", str(port), "--grpc-port", "0", "--frontends", "2"]
         done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and f"port {port} on 127.0.0.1 is in use" in done.stderr, done.stderr
-
-
-def test_worker_registration_is_refused_with_frontends(server: Server) -> None:
-    record = {"name": "w0", "url": "http://127.0.0.1:9", "models": ["m"], "engine": "vllm"}
-    r = httpx.post(server.url + "/v1/admin/workers", json=record, timeout=30)
-    assert r.status_code == 400 and r.json()["error"]["code"] == "frontends_unsupported", r.text
-    assert httpx.post(server.url + "/v1/admin/workers/w0/drain", timeout=30).json()["error"]["code"] == \
-        "frontends_unsupported"

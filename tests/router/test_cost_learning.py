@@ -189,3 +189,30 @@ def test_router_exports_predicted_and_actual_ttft() -> None:
     assert err == pytest.approx(abs(predicted - 0.5))
     r.remove_worker(rk.best.worker)
     assert reg.get_sample_value("sluice_router_actual_ttft_seconds_count", w) is None
+
+
+def test_learners_that_share_their_statistics_fit_what_one_learner_of_all_observations_fits() -> None:
+    """The frontends of --frontends N (router.replicas.node_state): each adds the others' `export()`."""
+    cfg = LearningConfig(fleet_memory=1_000_000, worker_memory=1_000_000)
+    one, a, b = CostLearner(cfg), CostLearner(cfg), CostLearner(cfg)
+    rng = random.Random(3)
+    for i in range(200):
+        f = TtftFeatures(running=rng.choice((0, 0, 2)), tokens=rng.randint(10, 2000), pairs=0)
+        worker = ("w0", "w1")[i % 2]
+        ttft = (1.5 if worker == "w1" else 1.0) * (0.01 + 0.002 * f.running + 2e-4 * f.tokens)
+        for learner in (one, a if i % 3 else b):
+            learner.observe_ttft(worker, f, ttft, 0.0)
+            learner.observe_answer("m", 10 if i % 3 else 40)
+    a.set_remote([b.export()])
+    b.set_remote([a.export()])
+    one.set_remote([])  # solves the fleet's fit now (a learner solves every 16 observations)
+    for learner in (a, b):  # forgetting is per observation: a memory of 10⁶ leaves a 10⁻⁴ difference
+        for name in ("latency_s", "running_s", "token_s"):
+            assert getattr(learner.fleet, name) == pytest.approx(getattr(one.fleet, name), rel=1e-3)
+        assert learner.speed("w1") == pytest.approx(one.speed("w1"), rel=1e-3)
+        assert learner.answer_tokens("m") == pytest.approx(one.answer_tokens("m"), rel=1e-3)
+    assert a.speed("w1") > 1.15 and a.answer_tokens("m") == pytest.approx(20.0, rel=0.01)
+    fleet = a.fleet
+    with pytest.raises(ValueError):
+        a.set_remote([{**b.export(), "fleet": [[float("nan")] * 16, [0.0] * 4, 1.0]}])
+    assert a.fleet == fleet  # a malformed part changes nothing

@@ -159,3 +159,47 @@ def test_an_answer_that_would_share_a_busy_batch_is_priced_into_prefix_but_not_i
     # These terms are the prefix policy's: least_load still prices the TTFT alone.
     out = rank("least_load", workers, prompt_tokens=100, tie_key=1, answer_tokens=64.0)
     assert {c.worker: c.cost for c in out}["b"] == pytest.approx(0.03 + 0.003 * 2 + 0.1)
+
+
+def test_with_nothing_worth_caching_anywhere_prefix_ranks_as_least_load():
+    # With 2 requests decoding on one worker and a prefill queued on the other, the decode and
+    # delay terms price the decoding worker higher (0.834 s against 0.817 s), while its TTFT is
+    # lower (0.602 s against 0.701 s). With no worker holding the prompt, prefix must rank as
+    # least_load does: those terms weigh a hit against the batch it joins, and there is none.
+    model = TtftModel(latency_s=0.5, running_s=1e-3, token_s=1e-3, pair_s=0.0)
+    decoding = view("decoding", model=model, in_flight=2)
+    queued = view("queued", model=model, in_flight=1, queued_prefill_tokens=100)
+    least = rank("least_load", [queued, decoding], prompt_tokens=100, tie_key=1)
+    assert names(least) == ["decoding", "queued"]
+    out = rank("prefix", [queued, decoding], prompt_tokens=100, tie_key=1, answer_tokens=16.0)
+    assert names(out) == names(least) and {c.reason for c in out} == {"no_prefix"}
+    assert [c.cost for c in out] == pytest.approx([0.602, 0.701])
+    # A hit within the cost's error (8 of 100 tokens, tolerance 10 %) is no hit either ...
+    held = view("decoding", cached=8, model=model, in_flight=2)
+    out = rank("prefix", [queued, held], prompt_tokens=100, tie_key=1, tolerance=0.1, answer_tokens=16.0)
+    assert names(out) == ["decoding", "queued"] and out[0].reason == "no_prefix"
+    # ... while one beyond it is priced with every term.
+    held = view("queued", cached=16, model=model, in_flight=1, queued_prefill_tokens=100)
+    out = rank("prefix", [held, decoding], prompt_tokens=100, tie_key=1, tolerance=0.1, answer_tokens=16.0)
+    assert out[0].worker == "queued" and out[0].reason == "prefix_hit"
+    assert out[0].cost == pytest.approx(0.5 + 0.001 + 0.184 + 0.016 + 0.084)
+
+
+def test_among_ties_a_worker_with_a_prefill_queued_comes_last():
+    # A model whose error is large (tolerance 0.9) calls all three a tie; each was sent the same
+    # prefill so far. A request sent where a prefill is queued waits for it, so that worker must
+    # come last whatever the prompt; the idle and the decoding one are a tie (spread by the hash).
+    model = TtftModel(latency_s=1.0, running_s=1e-3, token_s=1e-4, pair_s=0.0)
+    workers = [view("queued", model=model, in_flight=1, queued_prefill_tokens=1000, assigned_prefill_tokens=1000),
+               view("decoding", model=model, in_flight=1, assigned_prefill_tokens=1000),
+               view("idle", model=model, assigned_prefill_tokens=1000)]
+    for policy in ("prefix", "least_load"):
+        orders = {tuple(names(rank(policy, workers, prompt_tokens=1000, tie_key=k, tolerance=0.9)))
+                  for k in range(40)}
+        assert {o[-1] for o in orders} == {"queued"}, policy
+        assert {o[0] for o in orders} == {"idle", "decoding"}, policy
+    # Fewer tokens queued come first, and work sent so far still spreads the rest.
+    two = [view("more", model=model, queued_prefill_tokens=900), view("less", model=model, queued_prefill_tokens=100)]
+    assert {rank("prefix", two, prompt_tokens=10, tie_key=k, tolerance=0.9)[0].worker for k in range(20)} == {"less"}
+    idle = [view("a", model=model, assigned_prefill_tokens=2000), view("b", model=model, assigned_prefill_tokens=1000)]
+    assert {rank("prefix", idle, prompt_tokens=10, tie_key=k, tolerance=0.9)[0].worker for k in range(20)} == {"b"}

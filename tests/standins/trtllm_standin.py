@@ -13,7 +13,9 @@ trtllm-serve documents, so Sluice's launcher and RemoteEngine can be tested:
   but ``/health`` and ``/metrics`` needs it as a bearer key (`engines.launchers.worker_guard`).
 
 Test controls (stand-in only): header ``X-Standin-Fault: html-500 | midstream-error |
-midstream-close``, and ``--token-delay-s``. Token "generation" is arithmetic on ids.
+midstream-close | midstream-bad-bytes`` (the last: an event in the stream's own layout whose text
+is not UTF-8), or a chat whose last message is ``standin-fault: NAME`` (what a gateway forwards),
+and ``--token-delay-s``. Token "generation" is arithmetic on ids.
 """
 
 from __future__ import annotations
@@ -141,6 +143,9 @@ async def _generate(state: StandinState, request: Request, *, chat: bool) -> Res
     if unknown:  # trtllm-serve's request models use extra="forbid"
         return flat_error(f"Extra inputs are not permitted: {unknown}", 400)
     fault = request.headers.get("x-standin-fault", "")
+    last = str(((body.get("messages") or [{}])[-1] or {}).get("content") or "") if chat else ""
+    if last.startswith("standin-fault: "):
+        fault = last.removeprefix("standin-fault: ")
     if fault == "html-500":
         return Response("<html><body>502 Bad Gateway</body></html>", status_code=500, media_type="text/html")
     prompt = chat_ids(body.get("messages") or []) if chat else body.get("prompt")
@@ -161,12 +166,17 @@ async def _generate(state: StandinState, request: Request, *, chat: bool) -> Res
 
 
 async def _chunks(state: StandinState, prompt: list[int], max_tokens: int, cached: int, *, chat: bool,
-                  usage: bool, fault: str) -> AsyncIterator[str]:
+                  usage: bool, fault: str) -> AsyncIterator[str | bytes]:
     obj = "chat.completion.chunk" if chat else "text_completion"
     base = {"id": f"standin-{time.monotonic_ns()}", "object": obj, "created": int(time.time()), "model": state.model}
 
     def event(choice: dict[str, Any] | None, **extra: Any) -> str:
         return f"data: {json.dumps(base | {'choices': [choice] if choice else []} | extra)}\n\n"
+
+    def bad_bytes() -> bytes:  # a text event as the others, its text's bytes not UTF-8
+        choice = {"index": 0, "delta": {"content": "BAD"}, "finish_reason": None} if chat else \
+            {"index": 0, "text": "BAD", "token_ids": [1], "finish_reason": None}
+        return event(choice).encode().replace(b'"BAD"', b'" t\xff"')
 
     state.running += 1
     try:
@@ -181,6 +191,9 @@ async def _chunks(state: StandinState, prompt: list[int], max_tokens: int, cache
                 return
             if i == 2 and fault == "midstream-close":
                 raise RuntimeError("stand-in drops the connection")  # uvicorn closes the socket
+            if i == 3 and fault == "midstream-bad-bytes":
+                yield bad_bytes()
+                continue
             token = (sum(prompt) + i) % 1000
             finish = "length" if i == max_tokens - 1 else None
             piece = f" t{token}"

@@ -23,7 +23,7 @@ from engines.remote.payload import SALTED_DIALECTS
 from engines.supervision import BackgroundTask
 from engines.text.tokenizer import ChatTokenizer
 from engines.weights import resolve_llm
-from gateway.llm.capacity import model_capacity
+from gateway.llm.capacity import frontend_share, model_capacity
 from gateway.llm.registry import ModelRegistry
 from gateway.llm.targets import RouteHints, Target
 from gateway.llm.workers.probe import context_length, discover_kv_events, engine_capacity, model_cards
@@ -67,18 +67,20 @@ class RoutedBackend:
         except ValueError as e:  # unknown X-Routing-Policy
             raise SluiceError(str(e), ErrorKind.INVALID_ARG, param="X-Routing-Policy") from None
         rid = request.request_id
+        # One pair of hooks for all the targets: a stream holds its ranking until its first token.
+        on_first_token = partial(router.on_first_token, rid)
+
+        def on_finish(cached: int | None, failed: bool, answered: int | None) -> None:
+            router.on_finish(rid, cached_tokens=cached, error=failed, completion_tokens=answered)
+
         targets = []
         for cand in ranking.candidates:
             engine = self.pool.engines.get(cand.worker)
             if engine is None:
                 continue
-            targets.append(Target(
-                cand.worker, engine, cand.predicted_cached_tokens, cand.reason,
-                on_dispatch=partial(router.on_dispatch, rid, ranking, cand.worker),
-                on_first_token=lambda: router.on_first_token(rid),
-                on_finish=lambda cached, failed, answered: router.on_finish(
-                    rid, cached_tokens=cached, error=failed, completion_tokens=answered),
-            ))
+            targets.append(Target(cand.worker, engine, cand.predicted_cached_tokens, cand.reason,
+                                  on_dispatch=partial(router.on_dispatch, rid, ranking, cand.worker),
+                                  on_first_token=on_first_token, on_finish=on_finish))
         if not targets:
             raise SluiceError(f"no healthy worker serves model `{self.model}`", ErrorKind.NO_WORKER,
                               retry_after_s=1.0)
@@ -98,12 +100,15 @@ class WorkerPool:
     `_CAPACITY_REFRESH_S` while any is registered, so admission follows the router's health view."""
 
     def __init__(self, registry: ModelRegistry, router: Router, repository: Path | None, *,
-                 stall_timeout_s: float = 60.0, worker_key: str | None = None) -> None:
+                 stall_timeout_s: float = 60.0, read_interval_s: float = 0.0, worker_key: str | None = None,
+                 frontend: tuple[int, int] = (0, 1)) -> None:
         self.registry = registry
         self.router = router
         self.repository = repository
         self.stall_timeout_s = stall_timeout_s
+        self.read_interval_s = read_interval_s
         self.worker_key = worker_key  # sent to every worker; never logged
+        self.frontend = frontend  # (index, count) of `--frontends N`: this process admits its share
         self.engines: dict[str, RemoteEngine] = {}
         self.records: dict[str, WorkerRecord] = {}
         self.capacities: dict[str, int | None] = {}  # by worker; None: unknown (the default applies)
@@ -140,6 +145,7 @@ class WorkerPool:
             engine = RemoteEngine(RemoteEngineConfig(record.url, name=record.name, served_model=served,
                                                      dialect=_DIALECTS[record.engine],  # type: ignore[arg-type]
                                                      stall_timeout_s=self.stall_timeout_s,
+                                                     read_interval_s=self.read_interval_s,
                                                      api_key=self.worker_key))
             await engine.start()
             self.engines[record.name] = engine
@@ -177,12 +183,17 @@ class WorkerPool:
         for name in list(self.engines):
             await self.remove(name)
 
+    def relay_counts(self) -> list[tuple[str, int, int]]:
+        """(worker, events spliced, events decoded) of each registered worker (sluice_relay_events)."""
+        return [(name, e.relay_counts.spliced, e.relay_counts.decoded) for name, e in self.engines.items()]
+
     def refresh_capacity(self) -> None:
         """Set each routed model's capacity from its workers that take requests now (limits follow)."""
         workers = self.router.workers()
         for name, model in list(self.registry.models.items()):
             if isinstance(model.backend, RoutedBackend):
-                self.registry.set_capacity(name, model_capacity(name, workers, self.capacities))
+                capacity = model_capacity(name, workers, self.capacities)
+                self.registry.set_capacity(name, frontend_share(capacity, *self.frontend))
         if self._refresher is None and self.engines:
             self._refresher = BackgroundTask("sluice-capacity", self._refresh_forever)
             self._refresher.start()

@@ -63,6 +63,7 @@ class FleetConfig:
     num_gpu_blocks: int | None = None
     max_num_seqs: int | None = None
     max_num_batched_tokens: int | None = None
+    block_size: int | None = None
     max_model_len: int = 8192
     vocab_size: int = 49152
     router: RouterConfig = field(default_factory=RouterConfig)
@@ -77,7 +78,7 @@ class FleetConfig:
     def sim_config(self) -> SimConfig:
         profile = load_profile(self.profile)
         shape = dict(profile.engine)
-        for key in ("num_gpu_blocks", "max_num_seqs", "max_num_batched_tokens"):
+        for key in ("num_gpu_blocks", "max_num_seqs", "max_num_batched_tokens", "block_size"):
             if getattr(self, key) is not None:
                 shape[key] = getattr(self, key)
         return SimConfig(vocab_size=self.vocab_size, max_model_len=self.max_model_len, cost=profile.cost, **shape)

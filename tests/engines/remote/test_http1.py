@@ -73,6 +73,51 @@ async def test_chunked_bodies_split_anywhere_are_reassembled_and_the_connection_
         assert len(conns) == 1  # keep-alive: one connection for three requests
 
 
+async def test_whole_chunks_in_one_read_are_taken_at_once_and_a_bad_one_is_refused() -> None:
+    bodies = iter([_chunked(b"data: a\n\n", b"data: bc\n\n", b"x" * 300),
+                   b"3;ext=1\r\nabc\r\n2\r\nde\r\n0\r\n\r\n",  # a chunk extension is ignored
+                   b"3\r\nabc\r\n2\r\ndeXY0\r\n\r\n"])  # no CRLF after a whole chunk's data
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while True:
+            await _read_request(reader)
+            writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+            await writer.drain()
+            await asyncio.sleep(0.05)  # the head read first: the body comes in a read of its own
+            writer.write(next(bodies))
+            await writer.drain()
+
+    async for pool, _ in _server(handler):
+        assert await _body(pool) == (200, b"data: a\n\ndata: bc\n\n" + b"x" * 300)
+        assert await _body(pool) == (200, b"abcde")
+        with pytest.raises(ProtocolError):
+            await _body(pool)
+
+
+async def test_rest_leaves_the_socket_unread_and_the_next_read_takes_all() -> None:
+    more = asyncio.Event()
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await _read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n1\r\na\r\n")
+        await more.wait()
+        for piece in (b"b", b"c", b"d"):
+            writer.write(b"1\r\n%s\r\n" % piece)
+            await writer.drain()
+        writer.write(b"0\r\n\r\n")
+
+    async for pool, _ in _server(handler):
+        ex = await pool.exchange(HEAD, b"{}", 5.0)
+        assert await ex.read() == b"a"
+        resting = asyncio.ensure_future(ex.rest(0.5))
+        more.set()
+        await asyncio.sleep(0.3)  # the worker has written; the held socket was not read
+        assert ex._conn.take() == b""  # nothing reached the protocol while held
+        await resting
+        assert await ex.read_all(1 << 20) == b"bcd"
+        ex.close()
+
+
 async def test_content_length_and_eof_bodies() -> None:
     async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await _read_request(reader)

@@ -1,7 +1,8 @@
 """Connection bounds on a real `sluice serve` over real sockets: header size and count (431 in the
 route's protocol, before authentication), requests rather than connections against the in-flight
-cap, idle connections bounded per client address and in total, and a client that stops reading an
-SSE stream (gateway.http.protocol, gateway.http.connections, gateway.http.flow)."""
+cap, kept-alive connections bounded per client address and in total, fresh ones (no request yet)
+in total only, and a client that stops reading an SSE stream (gateway.http.protocol,
+gateway.http.connections, gateway.http.flow)."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ KEY = "bounds-test-key"
 AUTH = f"Authorization: Bearer {KEY}\r\n".encode()
 PER_CLIENT = 64
 TOTAL = 160
+FRESH = 240
 
 
 @pytest.fixture(scope="module")
@@ -31,7 +33,8 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     # connection bound would have been 2 × 8 = 16 connections.
     srv = start_server(["--model-repository", str(llm_only_repository(tmp)), "--max-inflight-requests", "8",
                         "--header-timeout-s", "120", "--max-idle-connections-per-client", str(PER_CLIENT),
-                        "--max-idle-connections", str(TOTAL), "--stream-write-timeout-s", "2",
+                        "--max-idle-connections", str(TOTAL), "--max-fresh-connections", str(FRESH),
+                        "--stream-write-timeout-s", "2",
                         "--max-stream-buffer-bytes", "4096"], tmp / "server.log", env={"SLUICE_API_KEYS": KEY})
     yield srv
     srv.stop()
@@ -152,27 +155,66 @@ def test_idle_connections_do_not_take_requests_places(server: Server) -> None:
         _close_all(server, idle)
 
 
-def test_idle_connections_per_client_are_bounded(server: Server) -> None:
-    socks = _open_idle(server, PER_CLIENT + 26, "127.0.0.4")
+def _kept_alive(server: Server, count: int, source: str) -> list[socket.socket]:
+    """`count` connections from `source` that each had a request answered and are kept alive. All
+    requests are sent before any answer is read: uvicorn closes a kept-alive connection after 5 s."""
+    socks = _open_idle(server, count, source)
+    for s in socks:
+        s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+    for s in socks:
+        _read_response(s, b"")
+    return socks
+
+
+def _evicted(server: Server, reason: str) -> float:
+    return metric_value(_metrics(server), "sluice_http_connections_closed_total", {"reason": reason}) or 0.0
+
+
+def test_kept_alive_connections_per_client_are_bounded(server: Server) -> None:
+    before = _evicted(server, "idle_per_client")
+    other = _kept_alive(server, 10, "127.0.0.5")
+    socks = _kept_alive(server, PER_CLIENT + 26, "127.0.0.4")
     try:
-        closed = _wait_closed(socks, 26)
-        assert closed == set(range(26)), "the oldest idle connections of that client are closed"
-        assert _chat(server, "127.0.0.4")  # a new connection from it still gets its request served
-        assert 26 in _wait_closed(socks, 27)
-        assert len(_closed(socks)) == 27
+        assert len(_wait_closed(socks, 26)) >= 26
+        assert _evicted(server, "idle_per_client") - before == 26  # 127.0.0.4's, not 127.0.0.5's
+    finally:
+        _close_all(server, socks, other)
+
+
+def test_kept_alive_connections_in_total_are_bounded(server: Server) -> None:
+    before = _evicted(server, "idle_total")
+    groups = [_kept_alive(server, 60, f"127.0.0.{i}") for i in (5, 6, 7)]  # 180 > 160, each under 64
+    try:
+        assert len(_wait_closed(groups[0], 20)) >= 20, "the oldest kept-alive connections overall are closed"
+        assert _evicted(server, "idle_total") - before == 20
+    finally:
+        _close_all(server, *groups)
+
+
+def test_fresh_connections_are_not_held_to_the_per_client_bound(server: Server) -> None:
+    socks = _open_idle(server, 3 * PER_CLIENT, "127.0.0.8")  # a burst of connections yet to send a request
+    try:
+        time.sleep(1.0)
+        assert not _closed(socks)
+        for s in socks:
+            s.settimeout(60)
+            s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        assert all(_read_response(s, b"")[0] == 200 for s in socks)
     finally:
         _close_all(server, socks)
 
 
-def test_idle_connections_in_total_are_bounded(server: Server) -> None:
-    groups = [_open_idle(server, 60, f"127.0.0.{i}") for i in (5, 6, 7)]  # 180 > 160, each under 64
+def test_a_flood_of_fresh_connections_recycles_its_own(server: Server) -> None:
+    before = _evicted(server, "fresh_total")
+    early = _open_idle(server, 20, "127.0.0.9")
+    flood = _open_idle(server, FRESH + 40, "127.0.0.10")  # with the 20: 60 past the total
     try:
-        first = _wait_closed(groups[0], 20)
-        assert first == set(range(20)), "the oldest idle connections overall are closed"
-        assert not _closed(groups[1]) and not _closed(groups[2])
-        assert _chat(server)
+        assert _wait_closed(flood, 60) == set(range(60)), "the flood's oldest fresh connections are closed"
+        assert _evicted(server, "fresh_total") - before == 61  # the /metrics request's connection: one more
+        assert _wait_closed(flood, 61) == set(range(61)) and not _closed(early)
+        assert _chat(server, "127.0.0.9")
     finally:
-        _close_all(server, *groups)
+        _close_all(server, early, flood)
 
 
 def test_client_that_stops_reading_is_cut_and_its_engine_request_aborted(server: Server) -> None:

@@ -1,9 +1,12 @@
-"""The idle-connection table, client keys and each process's share of the bounds
-(gateway.http.connections); the real-socket behaviour is in test_connection_bounds.py."""
+"""The kept-alive and fresh connection tables, client keys and each process's share of the bounds
+(gateway.http.connections); the real-socket behaviour is in test_connection_bounds.py and
+tests/integration/test_connection_burst.py."""
 
 from __future__ import annotations
 
-from gateway.http.connections import ConnectionLimits, IdleConnections, client_key, per_process
+import random
+
+from gateway.http.connections import ConnectionLimits, FreshConnections, IdleConnections, client_key, per_process
 
 
 class _Conn:
@@ -61,3 +64,66 @@ def test_each_frontend_bounds_its_share_within_half_its_fd_limit() -> None:
     shared = per_process(limits, 3, 1_000_000)
     assert shared.max_idle_per_client == 86 and shared.max_idle_total == 1366
     assert per_process(limits, 1, 1024).max_idle_total == 512
+    fresh = ConnectionLimits(max_fresh_total=16384)
+    assert per_process(fresh, 2, 1_000_000).max_fresh_total == 8192
+    assert per_process(fresh, 1, 20_000).max_fresh_total == 10_000
+
+
+def test_a_burst_of_fresh_connections_from_one_address_is_kept_whole() -> None:
+    fresh = FreshConnections(total=5000)
+    burst = [_Conn(str(i)) for i in range(4000)]  # a load balancer's burst, far past the kept-alive bound
+    for conn in burst:
+        fresh.add(conn, "10.0.0.1")
+    assert not any(c.closed for c in burst) and fresh.of("10.0.0.1") == 4000
+    for conn in burst:
+        fresh.discard(conn)  # each sent its headers
+    assert len(fresh) == 0 and fresh.of("10.0.0.1") == 0
+
+
+def test_past_the_total_a_flood_loses_its_own_oldest_connections() -> None:
+    reasons: list[str] = []
+    fresh = FreshConnections(total=10, on_evict=reasons.append)
+    others = [_Conn(f"b{i}") for i in range(3)] + [_Conn("c")]
+    for conn in others[:3]:
+        fresh.add(conn, "10.0.0.2")
+    fresh.add(others[3], "10.0.0.3")
+    flood = [_Conn(f"a{i}") for i in range(50)]
+    for conn in flood:
+        fresh.add(conn, "10.0.0.1")  # 6 may stay; the flood then recycles its own, oldest first
+    assert not any(c.closed for c in others)
+    assert [c.closed for c in flood] == [True] * 44 + [False] * 6
+    assert reasons == ["fresh_total"] * 44 and len(fresh) == 10
+    # Its connections gone, the next biggest holder is the one to lose its oldest.
+    for conn in flood[44:]:
+        fresh.discard(conn)
+    for i in range(7):
+        fresh.add(_Conn(f"d{i}"), f"10.0.1.{i}")
+    assert others[0].closed and not any(c.closed for c in others[1:])
+
+
+def test_the_biggest_holder_is_found_whatever_the_order_of_changes() -> None:
+    rng = random.Random(7)
+    evicted: list[tuple[str, int]] = []
+    fresh = FreshConnections(total=40)
+    held: dict[str, list[_Conn]] = {}  # the model: each client's fresh connections, oldest first
+
+    def add(conn: _Conn, client: str) -> None:
+        counts = {c: len(v) for c, v in held.items() if v}
+        counts[client] = counts.get(client, 0) + 1
+        held.setdefault(client, []).append(conn)
+        fresh.add(conn, client)
+        if sum(counts.values()) > 40:
+            victim = next(c for v in held.values() for c in v if c.closed)
+            owner = next(k for k, v in held.items() if victim in v)
+            assert held[owner][0] is victim and counts[owner] == max(counts.values())
+            held[owner].remove(victim)
+            evicted.append((owner, counts[owner]))
+
+    for step in range(5000):
+        client = f"10.0.0.{min(int(rng.expovariate(0.5)), 9)}"
+        if rng.random() < 0.55:
+            add(_Conn(str(step)), client)
+        elif held.get(client):
+            fresh.discard(held[client].pop(rng.randrange(len(held[client]))))
+        assert len(fresh) == sum(map(len, held.values())) <= 40
+    assert len(evicted) > 100

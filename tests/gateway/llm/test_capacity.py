@@ -8,7 +8,7 @@ import asyncio
 import pytest
 
 from gateway.llm.admission import Admission, AdmissionConfig, QueueFull
-from gateway.llm.capacity import DEFAULT_WORKER_CAPACITY, QUEUE_FACTOR, derived_limits, model_capacity
+from gateway.llm.capacity import DEFAULT_WORKER_CAPACITY, QUEUE_FACTOR, derived_limits, frontend_share, model_capacity
 from gateway.settings import Settings
 from router import BreakerState, WorkerStatus
 
@@ -88,3 +88,11 @@ def test_explicit_limits_ignore_capacity() -> None:
     assert (a.max_running, a.max_queued) == (2, 1)
     assert not a.set_capacity(1000)
     assert (a.max_running, a.max_queued, a.capacity) == (2, 1, 1000)
+
+
+def test_the_frontends_shares_of_a_capacity_add_up_to_it() -> None:
+    """--frontends N: each admits its share; the `sluice_model_capacity` samples add up to the fleet's."""
+    for capacity in (0, 1, 5, 256, 257):
+        for count in (1, 2, 3, 8):
+            shares = [frontend_share(capacity, i, count) for i in range(count)]
+            assert sum(shares) == capacity and max(shares) - min(shares) <= 1

@@ -197,3 +197,24 @@ async def test_disconnect_with_several_choices_finishes_each_once() -> None:
     assert sorted(w1.ended + w2.ended) == ["r-0", "r-1"]
     assert sorted(hooks.finishes()) == [("finish", "w1", None, False, None), ("finish", "w2", None, False, None)]
     assert d.closed
+
+
+async def test_a_stream_that_answered_holds_the_first_ranked_and_the_current_target_only() -> None:
+    """Not one target per worker for its whole life: each holds the router's ranking."""
+    hooks = Hooks()
+    w1, w3 = FakeEngine("w1", [retryable()]), FakeEngine("w3", tokens("x"))
+    w2 = FakeEngine("w2", [Delta(text="a", token_ids=[1]), HANG])
+    d, _ = dispatch(hooks, [w1, w2, w3])
+    stream = d.deltas()
+    await anext(stream)  # w1 failed over to w2, which answered
+    targets = d.choices[0].targets
+    assert [t.name for t in targets] == ["w1", "w2"] and d.worker == "w2"
+    assert all(t.on_dispatch is None for t in targets)  # called already; they held the ranking
+    await stream.aclose()
+    assert hooks.calls == [("dispatch", "w1"), ("finish", "w1", None, True, None), ("dispatch", "w2"),
+                           ("first_token", "w2"), ("finish", "w2", None, False, None)]
+    d2, _ = dispatch(Hooks(), [FakeEngine("w1", [Delta(text="a", token_ids=[1]), HANG]), w3])
+    stream = d2.deltas()
+    await anext(stream)
+    assert [t.name for t in d2.choices[0].targets] == ["w1"]
+    await stream.aclose()

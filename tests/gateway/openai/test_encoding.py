@@ -15,7 +15,7 @@ from gateway.llm.dispatch import Dispatch
 from gateway.llm.service import Prompt
 from gateway.openai import chat, completions
 from gateway.openai.schemas import ChatCompletionRequest, CompletionRequest
-from gateway.openai.streaming import sse
+from gateway.openai.streaming import json_body, sse
 from tests.gateway.llm.fakes import FakeEngine, Hooks, Step, dispatch, retryable, tokens
 
 PROMPT_IDS = [1, 2, 3]  # what fakes.request() sends: 3 prompt tokens, counted once for all choices
@@ -158,3 +158,58 @@ async def test_completion_error_after_first_delta_is_one_error_event(failure: St
     assert events[0]["choices"] == [{"index": 0, "text": "hel", "logprobs": None, "finish_reason": None}]
     assert events[1:] == [{"error": error}, "[DONE]"]
     assert d.closed
+
+
+# The same answer as a remote engine gives it: decoded (`text`), or spliced from its worker's
+# events (`text_json`, engines.remote.splice). Quotes, escapes, non-ASCII and an empty token.
+_PIECES = [("Hé \"q\"", [1, 2]), ("", [3]), ("\n\\", [4]), ("😀 end", [5])]
+
+
+def _answer(spliced: bool) -> list[Step]:
+    out: list[Step] = []
+    count = 0
+    for text, ids in _PIECES:
+        count += len(ids)
+        out.append(Delta(text_json=json_body(text), completion_tokens=count) if spliced
+                   else Delta(text=text, token_ids=ids, completion_tokens=count))
+    out.append(Delta(finish_reason="length", completion_tokens=count, prompt_tokens=3, cached_tokens=1))
+    return out
+
+
+async def _both(stream: Any, n: int) -> tuple[list[bytes], list[bytes], Hooks, Hooks]:
+    """The chunk bytes and router calls of the decoded and the spliced answer; each chunk the client
+    gets is marked among the calls, so a first token heard late would show (with n=1: n>1 choices are
+    read ahead of the client by one task each)."""
+    runs = []
+    for spliced in (False, True):
+        hooks = Hooks()
+        d, _ = dispatch(hooks, *[[FakeEngine(f"w{i}", _answer(spliced))] for i in range(n)])
+        chunks = []
+        async for c in stream(d):
+            chunks.append(c)
+            hooks.calls.append(("chunk",))
+        runs.append((chunks, hooks))
+    (full, full_hooks), (fast, fast_hooks) = runs
+    return full, fast, full_hooks, fast_hooks
+
+
+@pytest.mark.parametrize("n", [1, 2])
+async def test_a_spliced_chat_stream_is_byte_for_byte_the_decoded_one(n: int) -> None:
+    full, fast, full_hooks, fast_hooks = await _both(lambda d: chat.stream_chunks(d, _chat_body(n, True)), n)
+    assert fast == full
+    assert "".join(json.loads(c)["choices"][0]["delta"].get("content", "") for c in full if json.loads(c)["choices"]
+                   ) == n * "".join(t for t, _ in _PIECES)
+    assert fast_hooks.calls == full_hooks.calls  # first token before the first chunk, finish at 5 tokens
+    assert [c[4] for c in fast_hooks.finishes()] == [5] * n
+
+
+@pytest.mark.parametrize("n", [1, 2])
+async def test_a_spliced_completion_stream_is_byte_for_byte_the_decoded_one(n: int) -> None:
+    body = CompletionRequest.model_validate({"model": "m", "prompt": "héllo", "n": n, "echo": True, "stream": True,
+                                             "stream_options": {"include_usage": True}})
+    prompts = [Prompt(PROMPT_IDS, text="héllo")]
+    full, fast, full_hooks, fast_hooks = await _both(lambda d: completions.stream_chunks(d, body, prompts), n)
+    assert fast == full
+    assert json.loads(full[-1])["usage"] == {"prompt_tokens": 3, "completion_tokens": 5 * n, "total_tokens": 3 + 5 * n,
+                                             "prompt_tokens_details": {"cached_tokens": 1}}
+    assert fast_hooks.calls == full_hooks.calls

@@ -1,0 +1,119 @@
+"""Quotas shared by the frontends of one node (gateway.security.node_quotas): two `QuotaService`s on
+one table file, as two frontends run them. What one spends the other sees; a restarted frontend
+frees what its dead requests held; a lock another process does not let go of sends each frontend
+to its own count (with a log and a metric), and they share again once it is free."""
+
+from __future__ import annotations
+
+import asyncio
+import fcntl
+import logging
+import os
+from collections.abc import AsyncIterator, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from engines.errors import ErrorKind, SluiceError
+from gateway.security.keys import Limits
+from gateway.security.metrics import SecurityMetrics
+from gateway.security.node_quotas import NodeQuotaStore
+from gateway.security.quotas import QuotaService
+
+LIMITS = {"k": Limits(rpm=3, tpm=60, concurrency=2)}
+
+
+class Frontends:
+    def __init__(self, table: Path) -> None:
+        self.table = table
+        self.started: list[QuotaService] = []
+        self.registries: dict[int, CollectorRegistry] = {}
+
+    async def new(self, index: int) -> QuotaService:
+        registry = CollectorRegistry()
+        q = QuotaService(LIMITS, SecurityMetrics(registry), NodeQuotaStore(self.table, index, 2), retry_s=0.05)
+        self.registries[id(q)] = registry
+        await q.start()
+        self.started.append(q)
+        return q
+
+    def metric(self, q: QuotaService, name: str) -> float | None:
+        return self.registries[id(q)].get_sample_value(name)
+
+
+@pytest.fixture
+async def frontends(tmp_path: Path) -> AsyncIterator[Frontends]:
+    f = Frontends(tmp_path / "quotas")
+    yield f
+    for q in f.started:
+        await q.stop()
+
+
+@contextmanager
+def held_lock(table: Path) -> Iterator[int]:
+    """The table's lock, taken as a frontend stopped while it held it would hold it."""
+    fd = os.open(table, os.O_RDWR)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield fd
+    finally:
+        os.close(fd)
+
+
+async def refused(q: QuotaService, *, count: bool = True) -> str:
+    with pytest.raises(SluiceError) as e:
+        await q.admit("k", count=count)
+    assert e.value.kind is ErrorKind.RATE_LIMITED
+    return e.value.message
+
+
+async def test_concurrency_held_in_one_frontend_counts_in_the_other(frontends: Frontends) -> None:
+    a, b = await frontends.new(0), await frontends.new(1)
+    first, second = await a.admit("k", count=False), await b.admit("k", count=False)
+    assert "2 concurrent requests" in await refused(a, count=False)
+    assert "2 concurrent requests" in await refused(b, count=False)
+    a.finish(first)
+    await a.flush()
+    b.finish(await b.admit("k", count=False))  # the slot a freed
+    b.finish(second)
+    await b.flush()
+
+
+async def test_requests_and_tokens_per_minute_are_one_budget(frontends: Frontends) -> None:
+    a, b = await frontends.new(0), await frontends.new(1)
+    for q in (a, b, a):
+        q.finish(await q.admit("k", hold=False))
+    assert "3 requests per minute" in await refused(b)
+    await a.reserve_tokens("k", 50)
+    with pytest.raises(SluiceError, match="60 tokens per minute"):
+        await b.reserve_tokens("k", 20)
+    assert frontends.metric(b, "sluice_quota_local") == 0.0 and b.health_detail() == \
+        "shared through the frontends' quota table"
+
+
+async def test_a_restarted_frontend_frees_what_its_dead_requests_held(frontends: Frontends) -> None:
+    a, dead = await frontends.new(0), await frontends.new(1)
+    await dead.admit("k", count=False)
+    await dead.admit("k", count=False)  # never finished: the process died
+    assert "concurrent" in await refused(a, count=False)
+    await frontends.new(1)  # its restart clears its own slots
+    a.finish(await a.admit("k", count=False))
+
+
+async def test_a_lock_never_let_go_sends_each_frontend_to_its_own_count(
+        frontends: Frontends, caplog: pytest.LogCaptureFixture) -> None:
+    a = await frontends.new(0)
+    with held_lock(frontends.table) as stuck, caplog.at_level(logging.WARNING, "sluice.quotas"):
+        a.finish(await a.admit("k", count=False))  # admitted: open, never closed
+        assert "the frontends' quota table unreachable" in caplog.text and "held the lock" in caplog.text
+        assert frontends.metric(a, "sluice_quota_node_fallbacks_total") == 1.0
+        assert frontends.metric(a, "sluice_quota_local") == 1.0
+        assert "per-replica (the frontends' quota table is unreachable)" in (a.health_detail() or "")
+        fcntl.flock(stuck, fcntl.LOCK_UN)
+    for _ in range(200):  # the maintainer probes the table and shares again once it answers
+        if a.shared:
+            break
+        await asyncio.sleep(0.01)
+    assert a.shared and frontends.metric(a, "sluice_quota_local") == 0.0
