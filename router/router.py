@@ -203,7 +203,10 @@ class Router:
         if d is None or d.first_token:
             return
         d.first_token = True
-        actual_s = s.clock() - d.dispatched_at
+        now = s.clock()
+        if (w := s.workers.get(d.worker)) is not None:
+            w.health.note_alive(now)
+        actual_s = now - d.dispatched_at
         s.learn.observe_ttft(d.worker, d.features, actual_s, d.predicted_ttft_s)
         self.metrics.observe_ttft(d.worker, d.predicted_ttft_s, actual_s)
 
@@ -230,6 +233,8 @@ class Router:
                 s.index.remove(d.worker, d.new_hashes, speculative_only=True)
             else:
                 w.health.breaker.record_success()
+                if completion_tokens is not None:  # an answer that ran to its end (not a disconnect)
+                    w.health.note_alive(s.clock())
         if cached_tokens is not None and not error:
             self.metrics.observe_prediction(d.predicted_cached_tokens, cached_tokens, d.block_size)
         if completion_tokens is not None and not error:

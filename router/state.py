@@ -63,7 +63,9 @@ class RouterState:
         c = self.config
         health = old.health if old else WorkerHealth(
             c.unhealthy_after_failures,
-            CircuitBreaker(c.breaker_failures, c.breaker_cooldown_s, c.breaker_max_cooldown_s))
+            CircuitBreaker(c.breaker_failures, c.breaker_cooldown_s, c.breaker_max_cooldown_s),
+            # Alive since about the previous check: its interval and its own timeout.
+            c.health_interval_s + c.health_timeout_s)
         # Keep the engine->router hash map across a re-registration, or removals of
         # blocks stored before it could no longer be applied.
         applier = (old.applier if old and old.info.models == info.models
@@ -150,8 +152,8 @@ class RouterState:
 
     def record_health_check(self, worker: str, ok: bool) -> None:
         w = self.workers.get(worker)
-        if w is not None:
-            w.health.record_check(ok)
+        if w is not None and w.health.record_check(ok, self.clock()):
+            self.metrics.checks_excused.labels(worker).inc()
 
     def apply_scrape(self, worker: str, metrics: ScrapedMetrics) -> None:
         """Record a /metrics scrape; learns block size and capacity unless configured."""

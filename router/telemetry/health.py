@@ -84,24 +84,42 @@ class CircuitBreaker:
 
 
 class WorkerHealth:
-    """Active-check status, drain flag and breaker of one worker."""
+    """Active-check status, drain flag and breaker of one worker.
 
-    def __init__(self, unhealthy_after_failures: int, breaker: CircuitBreaker) -> None:
+    A failed check of a worker that has shown it is alive within `alive_window_s` (a first token
+    or a finished answer, `note_alive`) does not count: a worker busy enough to miss its check's
+    timeout is serving, and marking it unhealthy would turn its fleet's traffic away exactly when
+    it is fullest. A dead worker ends its streams with errors and shows nothing, so its checks
+    count as before, and its breaker opens on the failed requests.
+    """
+
+    def __init__(self, unhealthy_after_failures: int, breaker: CircuitBreaker,
+                 alive_window_s: float = 0.0) -> None:
         self._unhealthy_after = unhealthy_after_failures
         self.breaker = breaker
         self.healthy = True  # optimistic until a check says otherwise
         self.draining = False
         self._check_failures = 0
+        self._alive_window_s = alive_window_s
+        self._alive_at: float | None = None
 
-    def record_check(self, ok: bool) -> None:
-        """Result of one active check: one success heals, N failures in a row mark unhealthy."""
+    def note_alive(self, now: float) -> None:
+        """The worker just delivered (a first token or a finished answer)."""
+        self._alive_at = now
+
+    def record_check(self, ok: bool, now: float = 0.0) -> bool:
+        """Result of one active check: one success heals, N failures in a row mark unhealthy.
+        True when a failed check was excused because the worker was serving."""
         if ok:
             self._check_failures = 0
             self.healthy = True
-        else:
-            self._check_failures += 1
-            if self._check_failures >= self._unhealthy_after:
-                self.healthy = False
+            return False
+        if self._alive_at is not None and now - self._alive_at <= self._alive_window_s:
+            return True
+        self._check_failures += 1
+        if self._check_failures >= self._unhealthy_after:
+            self.healthy = False
+        return False
 
     def available(self, now: float) -> bool:
         return not self.draining and self.healthy and self.breaker.allows(now)

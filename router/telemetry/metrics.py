@@ -45,6 +45,10 @@ class RouterMetrics:
                              ["worker"], registry=r)
         self.breaker = Gauge("sluice_router_worker_breaker_state", "Circuit breaker: 0 closed, 1 half-open, 2 open.",
                              ["worker"], registry=r)
+        self.checks_excused = Counter("sluice_router_health_checks_excused",
+                                      "Failed health checks not counted because the worker had just "
+                                      "delivered a first token or an answer (busy, not dead).",
+                                      ["worker"], registry=r)
         self.in_flight = Gauge("sluice_router_worker_in_flight", "Requests in flight from this gateway replica.",
                                ["worker"], registry=r)
         self.index_blocks = Gauge("sluice_router_index_blocks",
@@ -102,6 +106,7 @@ class RouterMetrics:
     def init_worker(self, worker: str, has_events: bool) -> None:
         """Start a new worker's counters at 0, so that rate() and alerts see them before any event."""
         tasks = ("health", "scrape", "kv-events") if has_events else ("health", "scrape")
+        self.checks_excused.labels(worker)
         for task in tasks:
             self.task_restarts.labels(task, worker)
         if has_events:
@@ -116,7 +121,7 @@ class RouterMetrics:
         self.ttft_error.labels(worker).observe(abs(predicted_s - actual_s))
 
     def forget_worker(self, worker: str) -> None:
-        for g in (self.healthy, self.breaker, self.in_flight, self.index_blocks, self.kv_events,
+        for g in (self.healthy, self.breaker, self.checks_excused, self.in_flight, self.index_blocks, self.kv_events,
                   self.kv_gaps, self.kv_replays, self.kv_lag, self.predicted_ttft, self.actual_ttft,
                   self.ttft_error):
             try:

@@ -236,3 +236,36 @@ def test_a_worker_that_takes_no_salt_is_matched_unsalted_for_a_salted_request():
     # A keyed dispatch to the unsalted worker adds its speculative entries on the unsalted chain too.
     r.on_dispatch("a", keyed, "trt")
     assert r.rank("m", [*SYSTEM, 1], cache_salt="tenant-b").candidate("trt").predicted_cached_tokens == 12
+
+
+def test_a_busy_worker_that_misses_its_checks_stays_available_a_silent_one_does_not():
+    """A failed health check of a worker that just delivered a first token or a whole answer is
+    excused (it is busy, not dead); once it has been silent for a check interval and a timeout the
+    failures count again, and a client disconnect is no proof of life."""
+    r, reg, clock = make(health_interval_s=5.0, health_timeout_s=2.0, unhealthy_after_failures=2)
+    names = [s.name for s in r.workers()]
+    assert names == ["w0", "w1"]
+    rk = r.rank("m", SYSTEM)
+    r.on_dispatch("a", rk, "w0")
+    clock.t += 1
+    r.on_first_token("a")
+    for _ in range(3):  # within 7 s of the first token
+        clock.t += 2
+        r.feed.record_health_check("w0", False)
+    assert {s.name: s.healthy for s in r.workers()}["w0"]
+    assert sample(reg, "sluice_router_health_checks_excused_total", {"worker": "w0"}) == 3
+    r.on_finish("a", cached_tokens=0, completion_tokens=5)
+    clock.t += 7
+    r.feed.record_health_check("w0", False)  # 7 s after the answer: still excused
+    clock.t += 0.5
+    r.feed.record_health_check("w0", False)
+    r.feed.record_health_check("w0", False)
+    assert not {s.name: s.healthy for s in r.workers()}["w0"]
+    # The other worker: a request that ended by a disconnect (no completion) proves nothing.
+    rk = r.rank("m", SYSTEM)
+    r.on_dispatch("b", rk, "w1")
+    r.on_finish("b")
+    r.feed.record_health_check("w1", False)
+    r.feed.record_health_check("w1", False)
+    assert not {s.name: s.healthy for s in r.workers()}["w1"]
+    assert sample(reg, "sluice_router_health_checks_excused_total", {"worker": "w1"}) == 0
