@@ -9,13 +9,18 @@ the others, so none can take them down when it dies: the kernel drops a dead pro
 A row per key id, found by a 16-byte digest of it (open addressing, `ROWS` rows): the rpm and tpm
 buckets' tat, on CLOCK_MONOTONIC (one clock for every process of the node), and per frontend the
 concurrency slots it holds. A frontend clears its own slots when it starts, so one that died and
-was restarted frees what its dead requests held; until then they stay counted.
+was restarted frees what its dead requests held; until then they stay counted. Each frontend
+also rewrites its own slots from the leases it holds every `lease_ttl_ms / 3` (`renew`, which its
+`QuotaService` calls even with none, and at once when the table answers again), so a release
+that never reached the table (it was away, or the release failed) is corrected within a second.
+A release the table already got is not applied twice: the table counts the lease ids it holds.
 
-A lock not had within `LOCK_WAIT_S` (a frontend stopped while it held it) raises TimeoutError,
-and a table that cannot be opened OSError: `QuotaService` then enforces the limits in this
-frontend alone (open, never closed: N frontends may then let a key use N times them), logs it,
-counts `sluice_quota_node_fallbacks_total`, sets `sluice_quota_local` and `/health` says so, and
-shares again once the table answers.
+A key id that finds the table full (more than `ROWS` of them) raises `KeyNotShared`: that key,
+and only it, is enforced in each frontend alone. A lock not had within `LOCK_WAIT_S` (a frontend
+stopped while it held it) raises TimeoutError, and a table that cannot be opened OSError:
+`QuotaService` then enforces the limits in this frontend alone (open, never closed: N frontends
+may then let a key use N times them), logs it, counts `sluice_quota_node_fallbacks_total`, sets
+`sluice_quota_local` and `/health` says so, and shares again once the table answers.
 """
 
 from __future__ import annotations
@@ -31,9 +36,9 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from gateway.security.keys import Limits
-from gateway.security.quota_buckets import CONCURRENCY_RETRY_S, Refusal, charge, check
+from gateway.security.quota_buckets import CONCURRENCY_RETRY_S, KeyNotShared, Refusal, charge, check
 
-ROWS = 4096  # key ids with a quota; more than that are enforced per frontend (OSError: the table is full)
+ROWS = 4096  # key ids with a quota; more than that are enforced per frontend (KeyNotShared)
 LOCK_WAIT_S = 0.05
 _MAGIC = b"sluice-quotas-1\0"
 _HEADER = struct.Struct("<16sii")  # magic, frontends, rows
@@ -45,7 +50,8 @@ class NodeQuotaStore:
     """A `QuotaStore` on the frontends' shared table; the calls never await, they are async for the Protocol."""
 
     label = "the frontends' quota table"
-    lease_ttl_ms = 30_000  # nothing to renew: a frontend's slots live until it ends them or restarts
+    lease_ttl_ms = 3_000  # nothing expires: every third of this, `renew` rewrites this frontend's slots
+    renews_idle = True  # `renew` with no leases clears what this frontend still counts
 
     def __init__(self, path: Path, index: int, count: int, *, clock: Callable[[], float] = time.monotonic) -> None:
         self.path, self.index, self.count = path, index, count
@@ -56,6 +62,8 @@ class NodeQuotaStore:
         self._fd: int | None = None
         self._map: mmap.mmap | None = None
         self._rows: dict[str, int] = {}  # key id -> its row's offset
+        self._held: dict[str, str] = {}  # lease id -> key id: the slots this frontend holds in the table
+        self._cleared = False  # this frontend's slots of an earlier run cleared
 
     # -- QuotaStore --------------------------------------------------------------
     async def admit(self, key_id: str, limits: Limits, lease_id: str | None, *, count: bool) -> Refusal | None:
@@ -71,17 +79,35 @@ class NodeQuotaStore:
                 if new is None:
                     return Refusal("rpm", wait)
                 struct.pack_into("<d", m, row + _DIGEST, new)
-            if hold:
+            if hold and lease_id:
+                self._held[lease_id] = key_id
                 self._add_slot(m, row, slots, 1)
         return None
 
     async def release(self, key_id: str, lease_id: str) -> None:
         with self._locked() as m:
+            if self._held.pop(lease_id, None) is None:
+                return  # not counted here (admitted before a rewrite that already left it out)
             row = self._row(m, key_id)
             self._add_slot(m, row, self._slots.unpack_from(m, row + _DIGEST + _TATS.size), -1)
 
     async def renew(self, leases: list[tuple[str, str]]) -> None:
-        """Nothing expires here (see lease_ttl_ms)."""
+        """`leases` are all the (key id, lease id) this frontend holds: its slots become exactly them."""
+        with self._locked() as m:
+            if not self._cleared:
+                self._clear(m)
+            held = {lease_id: key_id for key_id, lease_id in leases}
+            counts: dict[str, int] = {}
+            for key_id in held.values():
+                counts[key_id] = counts.get(key_id, 0) + 1
+            for key_id in counts.keys() - self._rows.keys():
+                try:
+                    self._row(m, key_id)
+                except KeyNotShared:  # never admitted here, so it holds no slot
+                    counts.pop(key_id)
+            for key_id, row in self._rows.items():
+                self._set_slot(m, row, counts.get(key_id, 0))
+            self._held = {lease_id: key_id for lease_id, key_id in held.items() if key_id in counts}
 
     async def reserve_tokens(self, key_id: str, tpm: int, tokens: int) -> Refusal | None:
         with self._locked() as m:
@@ -104,8 +130,13 @@ class NodeQuotaStore:
     async def check(self) -> None:
         """Open the table (the first frontend creates it) and clear this frontend's slots."""
         with self._locked() as m:
-            for row in range(_HEADER.size, self._size, self._row_bytes):
-                struct.pack_into("<i", m, row + _DIGEST + _TATS.size + 4 * self.index, 0)
+            self._clear(m)
+
+    def _clear(self, m: mmap.mmap) -> None:
+        for row in range(_HEADER.size, self._size, self._row_bytes):
+            self._set_slot(m, row, 0)
+        self._held.clear()
+        self._cleared = True
 
     async def close(self) -> None:
         if self._map is not None:
@@ -169,8 +200,10 @@ class NodeQuotaStore:
             if found in (digest, bytes(_DIGEST)):
                 self._rows[key_id] = row
                 return row
-        raise OSError(f"{self.path} is full ({ROWS} key ids)")
+        raise KeyNotShared(f"{self.path} is full ({ROWS} key ids)")
 
     def _add_slot(self, m: mmap.mmap, row: int, slots: tuple[int, ...], delta: int) -> None:
-        mine = max(0, slots[self.index] + delta)
-        struct.pack_into("<i", m, row + _DIGEST + _TATS.size + 4 * self.index, mine)
+        self._set_slot(m, row, max(0, slots[self.index] + delta))
+
+    def _set_slot(self, m: mmap.mmap, row: int, value: int) -> None:
+        struct.pack_into("<i", m, row + _DIGEST + _TATS.size + 4 * self.index, value)

@@ -31,12 +31,18 @@ class Refusal(NamedTuple):
     retry_after_s: float
 
 
+class KeyNotShared(Exception):
+    """The shared store cannot hold this key (the frontends' table is full): enforce it in this
+    process; the store stays in use for every other key."""
+
+
 class QuotaStore(Protocol):
     """Quotas shared by several processes (gateway.security.redis_store, gateway.security.node_quotas).
     Every call raises one of `STORE_ERRORS` (redis_store) when the store cannot be used now."""
 
     label: str  # what the logs and /health call it: "Redis", ...
     lease_ttl_ms: int  # a concurrency lease not renewed within this expires (renewed every third of it)
+    renews_idle: bool  # `renew` is called with no leases too (it rewrites what this process holds)
 
     async def admit(self, key_id: str, limits: Limits, lease_id: str | None, *, count: bool) -> Refusal | None: ...
     async def release(self, key_id: str, lease_id: str) -> None: ...

@@ -32,7 +32,7 @@ from typing import Any
 from engines.errors import ErrorKind, SluiceError
 from gateway.security.keys import Limits
 from gateway.security.metrics import SecurityMetrics
-from gateway.security.quota_buckets import LocalQuotas, QuotaStore, Refusal
+from gateway.security.quota_buckets import KeyNotShared, LocalQuotas, QuotaStore, Refusal
 from gateway.security.redis_store import STORE_ERRORS, RedisQuotaStore
 
 log = logging.getLogger("sluice.quotas")
@@ -131,13 +131,15 @@ class QuotaService:
             self.local.release(lease.key_id)
         elif lease.slot == "shared":
             self._leases.pop(lease.lease_id, None)
-            if self.shared and self.store is not None:  # else it expires there on its own
+            if self.shared and self.store is not None:  # else it expires there, or the next renew drops it
                 self._spawn(self.store.release(lease.key_id, lease.lease_id))
 
     async def _admit(self, key_id: str, limits: Limits, lease_id: str, count: bool) -> tuple[Refusal | None, str]:
         if self.shared and self.store is not None:
             try:
                 return await self.store.admit(key_id, limits, lease_id or None, count=count), "shared"
+            except KeyNotShared:
+                pass  # this key alone is enforced here
             except STORE_ERRORS as e:
                 self._lost(e)
         return self.local.admit(key_id, limits, count=count, hold=bool(lease_id)), "local"
@@ -160,6 +162,8 @@ class QuotaService:
                 if refusal is not None:
                     raise self._refused(key_id, limits, refusal)
                 return
+            except KeyNotShared:
+                pass
             except STORE_ERRORS as e:
                 self._lost(e)
         refusal = self.local.reserve_tokens(key_id, limits.tpm, tokens)
@@ -189,6 +193,8 @@ class QuotaService:
     async def _charge_shared(self, store: QuotaStore, key_id: str, tpm: int, tokens: int) -> None:
         try:
             await store.charge_tokens(key_id, tpm, tokens)
+        except KeyNotShared:
+            self.local.charge_tokens(key_id, tpm, tokens)
         except STORE_ERRORS as e:
             self._lost(e)
             self.local.charge_tokens(key_id, tpm, tokens)
@@ -247,6 +253,9 @@ class QuotaService:
             with contextlib.suppress(*STORE_ERRORS):
                 await asyncio.wait_for(self.store.close(), timeout=2.0)
 
+    def _live(self) -> list[tuple[str, str]]:
+        return [(lease.key_id, lease.lease_id) for lease in self._leases.values()]
+
     async def _maintain(self, store: QuotaStore) -> None:
         """Renew this process's leases while their requests run; while the store is away, probe it."""
         renew_s = store.lease_ttl_ms / 3000
@@ -259,9 +268,12 @@ class QuotaService:
             try:
                 if not self.shared:
                     await store.ping()
+                    # What this process holds there may have changed while it was away (leases that
+                    # ended then, or expired there): tell the store which are still live.
+                    await store.renew(self._live())
                     self._back()
-                elif self._leases:
-                    await store.renew([(lease.key_id, lease.lease_id) for lease in self._leases.values()])
+                elif self._leases or store.renews_idle:
+                    await store.renew(self._live())
                 else:
                     await store.ping()
             except STORE_ERRORS as e:

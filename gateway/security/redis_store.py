@@ -99,6 +99,7 @@ class RedisAccessError(Exception):
 
 class RedisQuotaStore:
     label = "Redis"
+    renews_idle = False  # leases expire there on their own; with none, the maintainer only pings
 
     def __init__(self, url: str, *, prefix: str = "sluice:quota", socket_timeout_s: float = 0.5,
                  lease_ttl_s: float = 30.0, options: dict[str, Any] | None = None) -> None:

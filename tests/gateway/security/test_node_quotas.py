@@ -117,3 +117,77 @@ async def test_a_lock_never_let_go_sends_each_frontend_to_its_own_count(
             break
         await asyncio.sleep(0.01)
     assert a.shared and frontends.metric(a, "sluice_quota_local") == 0.0
+
+
+async def _shared_again(q: QuotaService) -> None:
+    for _ in range(500):  # the maintainer probes the table, tells it what is live, and shares again
+        if q.shared:
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("the table never answered again")
+
+
+async def test_a_slot_that_ended_while_the_table_was_away_is_freed_when_it_answers(frontends: Frontends) -> None:
+    """A request that ends while its frontend counts alone sends no release; the table must not keep
+    its slot for good (the key would be refused by every frontend until a restart)."""
+    a, b = await frontends.new(0), await frontends.new(1)
+    first = await a.admit("k", count=False)  # its slot is in the table
+    with held_lock(frontends.table) as stuck:
+        second = await a.admit("k", count=False)  # the table is away: counted here alone
+        assert not a.shared
+        a.finish(first)
+        a.finish(second)
+        fcntl.flock(stuck, fcntl.LOCK_UN)
+    await _shared_again(a)
+    leases = [await b.admit("k", count=False), await b.admit("k", count=False)]  # both slots are free
+    assert "concurrent" in await refused(b, count=False)
+    for lease in leases:
+        b.finish(lease)
+    await b.flush()
+
+
+async def test_a_release_that_failed_is_corrected_and_a_late_one_is_not_counted_twice(
+        frontends: Frontends, monkeypatch: pytest.MonkeyPatch) -> None:
+    a, b = await frontends.new(0), await frontends.new(1)
+    assert a.store is not None
+    store = a.store
+    first, kept = await a.admit("k", count=False), await a.admit("k", count=False)
+    real_release = store.release
+
+    async def failing(key_id: str, lease_id: str) -> None:
+        raise TimeoutError("the lock was held too long")
+
+    monkeypatch.setattr(store, "release", failing)
+    a.finish(first)
+    await a.flush()  # the release failed: the table still counts the slot, and the frontend went alone
+    monkeypatch.setattr(store, "release", real_release)
+    await _shared_again(a)
+    b.finish(await b.admit("k", count=False))  # one slot free again (kept holds the other)
+    await b.flush()
+    await store.release("k", first.lease_id)  # a release arriving after the rewrite changes nothing
+    held = await b.admit("k", count=False)  # with `kept`, the key's two
+    assert "concurrent" in await refused(b, count=False)
+    for lease in (held, kept):
+        (b if lease is held else a).finish(lease)
+    await a.flush()
+    await b.flush()
+
+
+async def test_a_key_the_full_table_cannot_hold_is_enforced_alone_and_only_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("gateway.security.node_quotas.ROWS", 2)
+    registry = CollectorRegistry()
+    limits = {name: Limits(concurrency=1) for name in ("k1", "k2", "k3")}
+    q = QuotaService(limits, SecurityMetrics(registry), NodeQuotaStore(tmp_path / "quotas", 0, 2), retry_s=0.05)
+    await q.start()
+    try:
+        held = [await q.admit(name, count=False) for name in ("k1", "k2", "k3")]
+        assert [lease.slot for lease in held] == ["shared", "shared", "local"]
+        with pytest.raises(SluiceError, match="1 concurrent requests"):
+            await q.admit("k3", count=False)  # its limit holds, in this frontend
+        assert q.shared and registry.get_sample_value("sluice_quota_node_fallbacks_total") == 0.0
+        for lease in held:
+            q.finish(lease)
+        await q.flush()
+    finally:
+        await q.stop()
