@@ -52,7 +52,7 @@ class Settings(BaseSettings):
     max_fanout: int = Field(default=128, ge=1, le=4096)  # engine requests (prompts × n) per API request
     max_body_bytes: int = Field(default=8 * 1024 * 1024, ge=1024)  # raw and inflated
     # Concurrent HTTP requests before 503. None or 0: derived from the fd limit and memory
-    # (gateway.http.connections.derived_inflight), logged at start.
+    # (gateway.http.budgets.derived_inflight), logged at start.
     max_inflight_requests: int | None = Field(default=None, ge=0)
     header_timeout_s: float = Field(default=10.0, gt=0.0)  # a client's time to send its request headers
     # Request line + header bytes, and header fields, beyond which the protocol layer answers 431

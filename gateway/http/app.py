@@ -17,7 +17,7 @@ from gateway.discovery.attest import Attestations
 from gateway.frontends.supervisor import frontend_env, frontend_started
 from gateway.http import error_handlers as errors
 from gateway.http import startup
-from gateway.http.connections import inflight_limit
+from gateway.http.budgets import inflight_limit
 from gateway.http.middleware import BodyLimitMiddleware, DrainMiddleware, SluiceMiddleware
 from gateway.kserve import metrics as kserve_metrics
 from gateway.kserve.http_routes import build_router as kserve_router

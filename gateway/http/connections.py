@@ -22,23 +22,18 @@ limit at start.
 
 from __future__ import annotations
 
-import functools
 import ipaddress
 import logging
 import math
-import os
-import resource
 import weakref
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 log = logging.getLogger("sluice.server")
-_FD_CAP = 1 << 20  # the soft fd limit is raised to the hard one, up to this
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,70 +69,6 @@ def per_process(limits: ConnectionLimits, processes: int, fd_limit: int) -> Conn
     return replace(limits, max_idle_per_client=math.ceil(limits.max_idle_per_client / share),
                    max_idle_total=total(limits.max_idle_total, "idle"),
                    max_fresh_total=total(limits.max_fresh_total, "fresh"))
-
-
-def raise_fd_limit() -> int:
-    """Raise the soft fd limit to the hard one (capped); returns the soft limit now in force (logged)."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    target = _FD_CAP if hard == resource.RLIM_INFINITY else min(hard, _FD_CAP)
-    if soft == resource.RLIM_INFINITY or soft >= target:
-        return _FD_CAP if soft == resource.RLIM_INFINITY else soft
-    try:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
-    except (ValueError, OSError) as e:
-        log.warning("fd limit stays at %d (raising it to the hard limit %d failed: %s)", soft, hard, e)
-        return soft
-    log.info("fd limit raised from %d to %d (the hard limit)", soft, target)
-    return target
-
-
-# Sizing the in-flight cap (--max-inflight-requests, default derived): each stream holds a client
-# socket and a worker socket; some fds stay for everything else (listeners, Redis, KV-event
-# subscribers, model files, logs). Memory: half the machine's (or cgroup's) for streams, at a
-# budget per stream 4x the 64 KiB a stream is meant to cost. Never below MIN_INFLIGHT streams.
-STREAM_FDS = 2
-FD_RESERVE = 256
-STREAM_MEMORY_BUDGET = 256 * 1024
-MIN_INFLIGHT = 64
-
-
-def derived_inflight(fd_limit: int, memory_bytes: int, processes: int = 1) -> int:
-    """Requests in flight one of `processes` server processes can hold within its fds and its share of memory."""
-    by_fds = (fd_limit - FD_RESERVE) // STREAM_FDS
-    by_memory = memory_bytes // 2 // STREAM_MEMORY_BUDGET // max(1, processes)
-    return max(MIN_INFLIGHT, min(by_fds, by_memory))
-
-
-def memory_bytes() -> int:
-    """The memory this process may use: the cgroup (v2) limit when it has one, else the machine's."""
-    total = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    try:
-        text = Path("/sys/fs/cgroup/memory.max").read_text().strip()
-    except OSError:
-        return total
-    return min(total, int(text)) if text.isdigit() else total
-
-
-@functools.cache
-def inflight_limit(explicit: int | None, processes: int = 1) -> int:
-    """--max-inflight-requests, else derived from the fd limit (raised first) and memory; logged (once)."""
-    if explicit:
-        return explicit
-    fds, memory = raise_fd_limit(), memory_bytes()
-    limit = derived_inflight(fds, memory, processes)
-    log.info("in-flight requests capped at %d (fd limit %d: 2 per stream; memory %d MiB)", limit, fds,
-             memory >> 20)
-    return limit
-
-
-def listen_backlog() -> int:
-    """The listen backlog: the kernel's somaxconn (it clamps to it anyway), at least 4096, at most 65535,
-    so a burst of connections waits in the kernel rather than being refused."""
-    try:
-        somaxconn = int(Path("/proc/sys/net/core/somaxconn").read_text().strip())
-    except (OSError, ValueError):
-        somaxconn = 4096
-    return max(4096, min(somaxconn, 65535))
 
 
 def client_key(client: tuple[str, int] | None) -> str:
@@ -198,6 +129,13 @@ class IdleConnections:
         if not mine:
             del self._by_client[client]
 
+    def evict_oldest(self, reason: str) -> bool:
+        """Close the oldest kept-alive connection; False if none."""
+        if not self._all:
+            return False
+        self._evict(next(iter(self._all)), reason)
+        return True
+
     def _evict(self, conn: Closable, reason: str) -> None:
         self.discard(conn)
         self.on_evict(reason)
@@ -233,11 +171,22 @@ class FreshConnections:
         mine[conn] = None
         self._count(client, len(mine) - 1, len(mine))
         if len(self._client_of) > self.total:
-            biggest = next(iter(self._holding[self._most]))
-            victim = next(iter(self._by_client[biggest]))
-            self.discard(victim)
-            self.on_evict("fresh_total")
-            victim.close_idle()
+            self.evict("fresh_total")
+
+    @property
+    def most(self) -> int:
+        """The most fresh connections one client holds."""
+        return self._most
+
+    def evict(self, reason: str) -> bool:
+        """Close the oldest fresh connection of the client that holds the most; False if none."""
+        if not self._most:
+            return False
+        victim = next(iter(self._by_client[next(iter(self._holding[self._most]))]))
+        self.discard(victim)
+        self.on_evict(reason)
+        victim.close_idle()
+        return True
 
     def discard(self, conn: Closable) -> None:
         """`conn`'s first request's headers are complete, or it closed."""
@@ -269,7 +218,7 @@ class ConnectionMetrics:
     def __init__(self, registry: CollectorRegistry | None, idle: IdleConnections, fresh: FreshConnections) -> None:
         self.closed = Counter("sluice_http_connections_closed", "HTTP connections the server closed before a "
                               "request ran, by reason (header_timeout, body_timeout, header_bytes, header_count, "
-                              "idle_per_client, idle_total, fresh_total).", ["reason"], registry=registry)
+                              "idle_per_client, idle_total, fresh_total, fd_budget).", ["reason"], registry=registry)
         self.slow_reader = slow_reader_counter(registry)
         gauge = Gauge("sluice_http_idle_connections", "HTTP connections open with no request in progress "
                       "(kept alive, or fresh: not yet sent a request).", registry=registry)

@@ -9,6 +9,8 @@
   authentication and before the headers are turned into a request.
 - **Idle connections**: kept-alive ones are bounded per client and in total; fresh ones (no
   request yet) in total only, the biggest holder's closed first (`gateway.http.connections`).
+  Both give way when a new connection would take the fds busy connections need
+  (`gateway.http.budgets`).
 - **Writes** never wait on a client that stops reading (`gateway.http.flow`); a streamed response
   (SSE) also caps the kernel's send buffer, so that the bounds apply after kilobytes, not megabytes.
 
@@ -25,6 +27,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from gateway.http.budgets import FdBudget
 from gateway.http.connections import (
     ConnectionLimits,
     ConnectionMetrics,
@@ -50,6 +53,7 @@ class SluiceHttpProtocol(HttpToolsProtocol):
     limits: ConnectionLimits = ConnectionLimits()
     idle: IdleConnections = IdleConnections(256, 4096)
     fresh: FreshConnections = FreshConnections(16384)
+    budget: FdBudget | None = None
     metrics: ConnectionMetrics | None = None
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -73,11 +77,15 @@ class SluiceHttpProtocol(HttpToolsProtocol):
         self._client_key = client_key(self.client)
         self._arm()
         self.fresh.add(self, self._client_key)  # not held to the kept-alive bound per client
+        if self.budget is not None:
+            self.budget.opened()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
         self.idle.discard(self)
         self.fresh.discard(self)
+        if self.budget is not None:
+            self.budget.closed()
         super().connection_lost(exc)
 
     def close_idle(self) -> None:
@@ -223,13 +231,16 @@ class SluiceHttpProtocol(HttpToolsProtocol):
         log.info("client %s stopped reading (%s): connection closed", host, reason)
 
 
-def build_protocol(limits: ConnectionLimits, registry: CollectorRegistry | None = None) -> type[SluiceHttpProtocol]:
-    """The protocol class of one server: its limits, its idle-connection table and its metrics."""
+def build_protocol(limits: ConnectionLimits, registry: CollectorRegistry | None = None,
+                   fd_limit: int | None = None) -> type[SluiceHttpProtocol]:
+    """The protocol class of one server: its limits, its idle-connection tables, its fd budget (when
+    `fd_limit` is given) and its metrics."""
     cls: type[SluiceHttpProtocol] = type("SluiceHttpProtocol", (SluiceHttpProtocol,), {"limits": limits})
     idle = IdleConnections(limits.max_idle_per_client, limits.max_idle_total)
     fresh = FreshConnections(limits.max_fresh_total)
     metrics = ConnectionMetrics(registry, idle, fresh)
     idle.on_evict = fresh.on_evict = lambda reason: metrics.closed.labels(reason).inc()
     cls.idle, cls.fresh = idle, fresh
+    cls.budget = FdBudget(fd_limit, idle, fresh) if fd_limit else None
     cls.metrics = metrics
     return cls

@@ -25,7 +25,8 @@ from gateway.app_state import AppState
 from gateway.drain import shutting_down
 from gateway.frontends.supervisor import STARTUP_FAILED, frontend_env
 from gateway.http.app import create_app
-from gateway.http.connections import ConnectionLimits, listen_backlog, per_process, raise_fd_limit
+from gateway.http.budgets import listen_backlog, raise_fd_limit
+from gateway.http.connections import ConnectionLimits, per_process
 from gateway.http.protocol import build_protocol
 from gateway.llm.local import LLMSpec
 from gateway.settings import Settings
@@ -50,7 +51,8 @@ def run(settings: Settings, llm_specs: list[LLMSpec] | None = None) -> int:
     config = uvicorn.Config(app, host=settings.host, port=settings.http_port, log_level=level, access_log=False,
                             timeout_graceful_shutdown=10, proxy_headers=bool(trusted),
                             forwarded_allow_ips=trusted or None, ws="none",
-                            http=build_protocol(connection_limits(settings), app.state.sluice.registry),
+                            http=build_protocol(connection_limits(settings), app.state.sluice.registry,
+                                                raise_fd_limit()),
                             timeout_keep_alive=5, log_config=logs.uvicorn_log_config(settings.log_format),
                             backlog=listen_backlog())
     frontend = frontend_env() is not None
