@@ -19,7 +19,9 @@ sockets in the supervisor's private directory (mode 0700): frontend i listens on
 
 A request costs one deque append here (`publish_store`); everything else is the periodic tick.
 A sibling not heard from for `ttl_s` (dead, or being restarted) no longer counts: its load and
-learning are dropped and logged, and it is reconnected to on each heartbeat until it answers.
+learning are dropped and logged, and it is reconnected to on each heartbeat until it answers. One
+that stops reading is cut off once `max_buffered_bytes` wait for it (frames are never awaited,
+so it never delays the others') and reconnected the same way.
 """
 
 from __future__ import annotations
@@ -54,6 +56,10 @@ class NodeStateConfig:
     ttl_s: float = 2.0  # a sibling silent this long no longer counts
     max_outbox: int = 100_000  # speculative stores waiting for the next frame; the oldest go first
     max_frame_bytes: int = 64 * 1024 * 1024
+    # Bytes waiting for a sibling that stopped reading (on top of the kernel's buffer): past this
+    # it is cut off and reconnected on a heartbeat. Frames are never awaited, so one sibling that
+    # stalls never delays the others'.
+    max_buffered_bytes: int = 8 * 1024 * 1024
 
     def __post_init__(self) -> None:
         if not 0 <= self.index < self.count:
@@ -169,7 +175,7 @@ class NodeSharedState:
                 return
             self._retry_at[index] = now + self.config.heartbeat_s
             try:
-                async with asyncio.timeout(self.config.ttl_s):
+                async with asyncio.timeout(self.config.heartbeat_s):
                     _, writer = await asyncio.open_unix_connection(str(self._path(index)))
             except (OSError, TimeoutError):
                 return  # not listening yet (starting, or being restarted): the next heartbeat tries again
@@ -177,13 +183,14 @@ class NodeSharedState:
             self._loads_at = self._learn_at = -math.inf  # it gets everything on the next tick
         try:
             writer.write(payload)
-            async with asyncio.timeout(self.config.ttl_s):  # a sibling that stops reading is let go
-                await writer.drain()
-        except (OSError, TimeoutError) as e:
+            buffered = writer.transport.get_write_buffer_size()
+            if buffered > self.config.max_buffered_bytes:
+                raise OSError(f"{buffered} bytes unread")
+        except OSError as e:
             log.warning("frontend %d stopped taking the routing state (%s); reconnecting", index,
                         e or type(e).__name__)
             self._writers.pop(index, None)
-            writer.close()
+            writer.transport.abort()  # close() would wait to flush what it will not read
 
     # -- receiving ---------------------------------------------------------------
     async def _receive(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:

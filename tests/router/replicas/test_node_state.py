@@ -95,3 +95,49 @@ async def test_a_silent_frontends_load_stops_counting(tmp_path: Path, caplog: py
     finally:
         await a.stop()
         await b.stop()
+
+
+async def test_a_sibling_that_stops_reading_is_cut_off_and_never_delays_the_others(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Frontend 2 accepts A's connection and never reads. A's frames to B keep coming on time (B
+    never lets A's load expire meanwhile), and once the bytes waiting for frontend 2 pass the
+    bound, A cuts it off (logged) instead of buffering for it without end."""
+    import asyncio
+
+    def frontend(index: int) -> tuple[Router, NodeSharedState]:
+        shared = NodeSharedState(NodeStateConfig(tmp_path, index, 3, interval_s=0.01, heartbeat_s=0.05,
+                                                 learn_interval_s=0.05, ttl_s=0.3,
+                                                 max_buffered_bytes=256 * 1024))
+        r = Router(RouterConfig(speculative_ttl_s=300, health_interval_s=600, scrape_interval_s=0), shared=shared)
+        for w in ("w0", "w1"):
+            r.add_worker(WorkerInfo(w, "http://127.0.0.1:1", ("m",), block_size=4))
+        return r, shared
+
+    held: list[asyncio.StreamWriter] = []
+
+    async def never_reads(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        held.append(writer)
+
+    stalled = await asyncio.start_unix_server(never_reads, str(tmp_path / "routing-2.sock"))
+    a, _ = frontend(0)
+    b, _ = frontend(1)
+    await a.start()
+    await b.start()
+    try:
+        a.on_dispatch("busy", a.rank("m", [7] * 8), "w0")
+        await until(lambda: state(b).load.snapshot("w0", state(b).clock()).in_flight == 1, "B counts A's request")
+        await until(lambda: bool(held), "A connects to the stalled frontend")
+        with caplog.at_level(logging.WARNING, "router.replicas.node_state"):
+            for i in range(400):  # long prompts: each speculative store is kilobytes on the wire
+                a.on_dispatch(f"c{i}", a.rank("m", [1000 + i] * 4096), "w1")
+                a.on_finish(f"c{i}")
+                assert state(b).load.snapshot("w0", state(b).clock()).in_flight == 1, "B let A's load expire"
+                await asyncio.sleep(0.005)
+            await until(lambda: "frontend 2 stopped taking the routing state" in caplog.text, "A cuts frontend 2 off")
+        assert state(b).load.snapshot("w0", state(b).clock()).in_flight == 1
+    finally:
+        await a.stop()
+        await b.stop()
+        stalled.close()
+        for writer in held:
+            writer.transport.abort()
