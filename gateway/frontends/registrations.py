@@ -10,7 +10,8 @@ them when the registration returns. A sibling that could not apply it (one being
 worker it cannot reach) is named in a warning.
 
 The record is what a frontend that starts later (restarted after it died) reads at start-up
-(`restore`), before it listens: it applies every registration and drain the others hold. A
+(`restore`), before it listens: it applies every registration and drain the others hold, then
+reads the record again and undoes what a sibling removed meanwhile. A
 registration also vouches for the worker to Kubernetes discovery (gateway.discovery.attest) in
 every frontend, as it does in a single server.
 """
@@ -96,6 +97,13 @@ async def restore(state: Fleet, directory: Path) -> None:
             log.warning("registered worker %s not restored: %s", name, answer["error"])
     for name in held["draining"]:
         await apply(state, {"action": "drain", "name": name, "draining": True})
+    # A sibling records a change before it broadcasts it: a removal or undrain that reached this
+    # frontend while the workers were being added (before it had them) is in the record now.
+    now = await asyncio.to_thread(_read, directory)
+    for name in held["workers"].keys() - now["workers"].keys():
+        await apply(state, {"action": "remove", "name": name})
+    for name in set(held["draining"]) - set(now["draining"]) - (held["workers"].keys() - now["workers"].keys()):
+        await apply(state, {"action": "drain", "name": name, "draining": False})
 
 
 def _name(change: dict[str, Any]) -> str:
