@@ -51,6 +51,7 @@ class Peers:
         self.directory, self.index, self.count = directory, index, count
         self._registry, self._manager, self._on_worker = registry, manager, on_worker
         self._server: asyncio.Server | None = None
+        self._applying: set[asyncio.Task[dict[str, Any]]] = set()  # registrations a timeout must not cut in two
 
     def path(self, index: int) -> Path:
         return self.directory / f"frontend-{index}.sock"
@@ -62,6 +63,8 @@ class Peers:
         os.chmod(path, 0o600)
 
     async def stop(self) -> None:
+        for apply in list(self._applying):  # the process is ending: nothing is left half-served
+            apply.cancel()
         if self._server is not None:
             self._server.close()
             await self._server.wait_closed()
@@ -73,7 +76,12 @@ class Peers:
                 request = json.loads(await reader.readline())
             async with asyncio.timeout(WORKER_TIMEOUT_S):
                 if isinstance(request, dict) and request.get("op") == "worker" and self._on_worker is not None:
-                    body = json.dumps(await self._on_worker(request)).encode()
+                    # Applied to its end even when the asker stops waiting: cancelled halfway, a
+                    # registration would leave models registered with no worker behind them.
+                    apply = asyncio.ensure_future(self._on_worker(request))
+                    self._applying.add(apply)
+                    apply.add_done_callback(self._applying.discard)
+                    body = json.dumps(await asyncio.shield(apply)).encode()
                 else:
                     body = self._answer(request)
                 writer.write(len(body).to_bytes(4, "big") + body)

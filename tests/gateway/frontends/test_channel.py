@@ -83,3 +83,32 @@ def test_a_sibling_that_sends_garbage_or_nothing_is_left_out(tmp_path: Path) -> 
 
     answers = asyncio.run(scenario())
     assert set(answers) == {1} and b"demo_up 1.0" in answers[1]
+
+
+async def test_a_registration_outliving_the_askers_timeout_is_applied_whole(tmp_path: Path, monkeypatch) -> None:
+    """The asking sibling stops waiting; the registration it asked for still runs to its end (cut in
+    two it would leave models registered with no worker behind them)."""
+    import gateway.frontends.channel as channel
+
+    monkeypatch.setattr(channel, "WORKER_TIMEOUT_S", 0.1)
+    steps: list[str] = []
+
+    async def on_worker(request: dict) -> dict:
+        steps.append("models registered")
+        await asyncio.sleep(0.3)  # probing the worker, loading its tokenizer
+        steps.append("worker added")
+        return {"models": ["m"]}
+
+    registry = CollectorRegistry()
+    asked, asker = Peers(tmp_path, 1, 2, registry, None, on_worker), Peers(tmp_path, 0, 2, registry, None)
+    await asked.start()
+    try:
+        answers = await asker.ask_all({"op": "worker", "action": "add"}, timeout_s=0.1)
+        assert answers == {}  # it did not answer in time
+        for _ in range(100):
+            if "worker added" in steps:
+                break
+            await asyncio.sleep(0.01)
+        assert steps == ["models registered", "worker added"]
+    finally:
+        await asked.stop()
