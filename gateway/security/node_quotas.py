@@ -25,14 +25,15 @@ may then let a key use N times them), logs it, counts `sluice_quota_node_fallbac
 
 from __future__ import annotations
 
+import asyncio
 import fcntl
 import hashlib
 import mmap
 import os
 import struct
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 from gateway.security.keys import Limits
@@ -47,7 +48,8 @@ _DIGEST = 16
 
 
 class NodeQuotaStore:
-    """A `QuotaStore` on the frontends' shared table; the calls never await, they are async for the Protocol."""
+    """A `QuotaStore` on the frontends' shared table. A call awaits only while another frontend holds the
+    lock (the loop serves the rest meanwhile); the lock is never held across an await."""
 
     label = "the frontends' quota table"
     lease_ttl_ms = 3_000  # nothing expires: every third of this, `renew` rewrites this frontend's slots
@@ -68,7 +70,7 @@ class NodeQuotaStore:
     # -- QuotaStore --------------------------------------------------------------
     async def admit(self, key_id: str, limits: Limits, lease_id: str | None, *, count: bool) -> Refusal | None:
         hold = bool(lease_id) and limits.concurrency > 0
-        with self._locked() as m:
+        async with self._locked() as m:
             row = self._row(m, key_id)
             slots = self._slots.unpack_from(m, row + _DIGEST + _TATS.size)
             if hold and sum(slots) >= limits.concurrency:
@@ -85,7 +87,7 @@ class NodeQuotaStore:
         return None
 
     async def release(self, key_id: str, lease_id: str) -> None:
-        with self._locked() as m:
+        async with self._locked() as m:
             if self._held.pop(lease_id, None) is None:
                 return  # not counted here (admitted before a rewrite that already left it out)
             row = self._row(m, key_id)
@@ -93,7 +95,7 @@ class NodeQuotaStore:
 
     async def renew(self, leases: list[tuple[str, str]]) -> None:
         """`leases` are all the (key id, lease id) this frontend holds: its slots become exactly them."""
-        with self._locked() as m:
+        async with self._locked() as m:
             if not self._cleared:
                 self._clear(m)
             held = {lease_id: key_id for key_id, lease_id in leases}
@@ -110,7 +112,7 @@ class NodeQuotaStore:
             self._held = {lease_id: key_id for lease_id, key_id in held.items() if key_id in counts}
 
     async def reserve_tokens(self, key_id: str, tpm: int, tokens: int) -> Refusal | None:
-        with self._locked() as m:
+        async with self._locked() as m:
             at = self._row(m, key_id) + _DIGEST + 8
             new, wait = check(struct.unpack_from("<d", m, at)[0], self._clock(), tokens, tpm)
             if new is None:
@@ -119,17 +121,17 @@ class NodeQuotaStore:
         return None
 
     async def charge_tokens(self, key_id: str, tpm: int, tokens: int) -> None:
-        with self._locked() as m:
+        async with self._locked() as m:
             at = self._row(m, key_id) + _DIGEST + 8
             struct.pack_into("<d", m, at, charge(struct.unpack_from("<d", m, at)[0], self._clock(), tokens, tpm))
 
     async def ping(self) -> None:
-        with self._locked():
+        async with self._locked():
             pass
 
     async def check(self) -> None:
         """Open the table (the first frontend creates it) and clear this frontend's slots."""
-        with self._locked() as m:
+        async with self._locked() as m:
             self._clear(m)
 
     def _clear(self, m: mmap.mmap) -> None:
@@ -147,8 +149,8 @@ class NodeQuotaStore:
             self._fd = None
 
     # -- the table ---------------------------------------------------------------
-    @contextmanager
-    def _locked(self) -> Iterator[mmap.mmap]:
+    @asynccontextmanager
+    async def _locked(self) -> AsyncIterator[mmap.mmap]:
         fd = self._open_fd()
         deadline = None
         while True:
@@ -161,7 +163,7 @@ class NodeQuotaStore:
                 if now > deadline:
                     raise TimeoutError(f"another frontend held the lock of {self.path} for over "
                                        f"{LOCK_WAIT_S * 1000:.0f} ms") from None
-                time.sleep(0.0002)
+                await asyncio.sleep(0.0002)  # the loop serves everything else meanwhile
         try:
             yield self._mapped(fd)
         finally:

@@ -191,3 +191,24 @@ async def test_a_key_the_full_table_cannot_hold_is_enforced_alone_and_only_it(
         await q.flush()
     finally:
         await q.stop()
+
+
+async def test_waiting_for_the_lock_leaves_the_event_loop_free(frontends: Frontends) -> None:
+    """Every stream a frontend relays shares its loop: waiting for a sibling's lock must not stop it."""
+    a = await frontends.new(0)
+    ticks = 0
+
+    async def ticker() -> None:
+        nonlocal ticks
+        while True:
+            await asyncio.sleep(0)
+            ticks += 1
+
+    with held_lock(frontends.table):
+        task = asyncio.create_task(ticker())
+        await asyncio.sleep(0)
+        before = ticks
+        a.finish(await a.admit("k", count=False))  # waits out the lock, then goes alone
+        during = ticks - before
+        task.cancel()
+    assert during > 0 and not a.shared
