@@ -54,8 +54,8 @@ def test_big_tokenizations_of_one_key_starve_neither_chat_nor_other_keys(server:
         t.start()
     time.sleep(1.0)  # key A's jobs have taken its share of the bulk threads (and waited past the start bound)
     client = openai.OpenAI(base_url=server.url + "/v1", api_key=KEY_B, max_retries=0, timeout=300)
+    sent = time.monotonic()
     chat = client.chat.completions.create(model=LLM_NAME, messages=[{"role": "user", "content": "Hi"}], max_tokens=2)
-    chatted = time.monotonic()
     other, _ = _tokenize(server, KEY_B)
     for t in threads:
         t.join()
@@ -65,6 +65,10 @@ def test_big_tokenizations_of_one_key_starve_neither_chat_nor_other_keys(server:
     # Key A: one at a time on its one bulk thread; the other was refused, with Retry-After, as busy.
     assert codes == [200, 503], [r.text[:200] for r, _ in results]
     done_a = next(at for r, at in results if r.status_code == 200)
-    assert chatted < done_a  # the chat was served while key A's tokenization was running
+    # The chat was sent while key A's tokenization held its bulk thread. Whether it also *finished* first
+    # is a race between vLLM's decode and the tokenizer (on a busy machine the chat lost it by 3.5 ms), and
+    # says nothing about the pools: that it was rendered at all, not refused after the 0.5 s start bound,
+    # is the claim.
+    assert sent < done_a, "key A's tokenization ended before the chat was sent; the test proved nothing"
     busy: Any = next(r for r, _ in results if r.status_code == 503)
     assert busy.headers["retry-after"] == "1" and busy.json()["error"]["code"] == "server_busy"
