@@ -23,6 +23,7 @@ from router import Router
 
 if TYPE_CHECKING:
     from engines.classic.manager import ModelRepositoryManager
+    from engines.launchers.registration import Keeper
     from gateway.embedding_models import EmbeddingBridge
     from gateway.frontends.channel import Peers
 
@@ -47,6 +48,7 @@ class AppState:
     startup_task: asyncio.Task[None] | None = None  # a frontend's start-up, which it awaits before listening
     # (name, URL) pairs workers registered with a `workers`-scope key: what discovery may admit.
     attestations: Attestations = field(default_factory=Attestations)
+    registration: Keeper | None = None  # worker mode (--register-with): keeps this server registered
 
 
 def state_of(request: Request) -> AppState:

@@ -52,6 +52,9 @@ def _serve_parser(sub: Any) -> None:
                         "[--max-body-bytes]")
     p.add_argument("--allow-client-chat-templates", action="store_true",
                    help="let requests carry their own chat_template (a template is code the server runs)")
+    p.add_argument("--strict-readiness", action="store_true",
+                   help="/health also needs every worker-served model to have a healthy worker (by default a "
+                        "model with none is reported in /health and metrics, and the replica stays ready)")
     p.add_argument("--drain-timeout-s", type=float,
                    help="on SIGTERM, how long in-flight requests may finish while new ones get 503 [30]")
     p.add_argument("--worker-stall-timeout-s", type=float,

@@ -95,6 +95,9 @@ class Settings(BaseSettings):
     max_prompt_chars: int | None = Field(default=None, ge=1)
     allow_client_chat_templates: bool = False  # a template is code the server runs
     served_llms: tuple[str, ...] = ()  # restrict which LLMs of the repository to load (empty: all)
+    # /health: False, ready when this replica can serve (started, not draining, its own engines and
+    # repository up); True, also every routed model must have a healthy worker (Triton's strict readiness).
+    strict_readiness: bool = False
     # Access control. Key values come from the environment or files only, never from flags
     # (`ps` shows a command line); repr=False: settings get logged, keys must never be.
     api_keys: str | None = Field(default=None, repr=False)  # SLUICE_API_KEYS, comma-separated

@@ -84,11 +84,12 @@ def llm_only_repository(tmp: Path) -> Path:
 
 def start_server(args: list[str], log_path: Path, *, env: dict[str, str] | None = None,
                  grpc: bool = False, ready_timeout_s: float = 240.0, wait: bool = True,
-                 preexec_fn: Callable[[], None] | None = None) -> Server:
+                 preexec_fn: Callable[[], None] | None = None, http_port: int | None = None) -> Server:
     """`sluice serve` in a subprocess; with `wait`, returns once /health answers 200,
     else once the HTTP port answers at all (models may still be loading). `preexec_fn` runs in
-    the child before it starts (e.g. to lower its soft fd limit)."""
-    http_port = free_port()
+    the child before it starts (e.g. to lower its soft fd limit); `http_port` reuses a port (a
+    restart), else a free one is picked."""
+    http_port = http_port or free_port()
     grpc_port = free_port() if grpc else 0
     cmd = [sys.executable, "-m", "gateway.cli", "serve", "--host", "127.0.0.1",
            "--http-port", str(http_port), "--grpc-port", str(grpc_port), *args]

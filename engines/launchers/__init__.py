@@ -4,7 +4,8 @@ API for the CLI: `add_worker_arguments(parser)` then `run_worker(args)` (args.en
 in {"vllm", "trtllm"}). `run_worker` blocks until the engine exits or we get
 SIGTERM/SIGINT, and returns the exit code:
 0 after a requested stop, the engine's code if it died, 1 if it never became
-healthy or could not be registered.
+healthy. Registering with the gateway (`--gateway`) is retried for as long as the engine
+lives; it never stops the engine (`registration.Keeper`).
 """
 
 from __future__ import annotations
@@ -51,20 +52,16 @@ def run_worker(args: argparse.Namespace) -> int:
             proc.stop(spec.stop_timeout_s)
             return 0 if stop.event.is_set() else (code or 1)
         log.info("worker %s serving %s at %s", spec.worker_name, spec.served_model_name, spec.url)
-        registered = False
+        # Registration runs beside the engine and never stops it: a gateway that is down or refuses
+        # the record is retried with back-off (and logged), while the engine goes on serving.
+        keeper = registration.Keeper(spec.gateway, _record(spec, capacity), spec.registration_key,
+                                     check_s=spec.registration_check_s).start() if spec.gateway else None
         try:
-            if spec.gateway:
-                registration.register(spec.gateway, _record(spec, capacity), spec.registration_key)
-                registered = True
             while proc.poll() is None and not stop.event.wait(1.0):
                 pass
-        except RuntimeError as exc:
-            log.error("%s", exc)
-            proc.stop(spec.stop_timeout_s)
-            return 1
         finally:
-            if registered and spec.gateway:
-                registration.deregister(spec.gateway, spec.worker_name, spec.registration_key)
+            if keeper is not None:
+                keeper.stop()
         died = proc.poll()
         proc.stop(spec.stop_timeout_s)
         if died is not None:

@@ -3,17 +3,25 @@
 The child runs in its own session, so a terminal's Ctrl-C reaches only us and we
 decide how to stop it: SIGTERM first (vLLM and trtllm-serve shut their engine
 processes down on it), SIGKILL to the whole group after `stop_timeout_s`.
+
+The engine also dies with us when we cannot stop it (SIGKILL, an OOM kill): on Linux it is
+started with a parent-death signal (SIGTERM), so no orphaned engine goes on holding its port
+or, on a GPU node, its GPU memory. SIGTERM rather than SIGKILL, so vLLM still takes its own
+engine-core processes down with it.
 """
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import logging
 import os
 import signal
 import subprocess
+import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import httpx
 
@@ -28,7 +36,8 @@ class EngineProcess:
     def __init__(self, argv: Sequence[str], env: dict[str, str] | None = None) -> None:
         self.argv = list(argv)
         log.info("starting engine: %s", " ".join(self.argv))
-        self.proc = subprocess.Popen(self.argv, env=env, start_new_session=True)
+        self.proc = subprocess.Popen(self.argv, env=env, start_new_session=True,
+                                     preexec_fn=_dies_with(os.getpid()) if sys.platform == "linux" else None)
 
     @property
     def pid(self) -> int:
@@ -74,6 +83,22 @@ class EngineProcess:
             os.killpg(self.proc.pid, sig)
         except (ProcessLookupError, PermissionError):
             pass
+
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _dies_with(parent: int) -> Callable[[], None]:
+    """Run in the child between fork and exec: ask the kernel for SIGTERM when `parent` dies.
+    The signal follows the thread that forked, so `EngineProcess` is made on the main thread."""
+    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+
+    def arm() -> None:
+        if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0) != 0:
+            os.write(2, b"sluice worker: prctl(PR_SET_PDEATHSIG) failed; the engine may outlive its launcher\n")
+        if os.getppid() != parent:  # the launcher died before the signal was armed
+            os._exit(1)
+    return arm
 
 
 class StopSignal:

@@ -1,14 +1,21 @@
-"""Register a worker with a running gateway and remove it on shutdown.
+"""Register a worker with a running gateway, keep it registered, and remove it on shutdown.
 
 Routes (implemented by the gateway): ``POST {gateway}/v1/admin/workers`` with the
-JSON below, and ``DELETE {gateway}/v1/admin/workers/{name}``. The caller passes the
+JSON below, ``GET`` and ``DELETE {gateway}/v1/admin/workers/{name}``. The caller passes the
 bearer token, the gateway's registration key (``$SLUICE_REGISTRATION_KEY``: the
 ``workers`` scope alone, never a full admin key), or None for none.
+
+`Keeper` is what `sluice worker` runs beside its engine: a gateway that is down, restarting or
+refusing the record never costs the engine its life (a LeaderWorkerSet would reload a whole
+multi-node group for it). It retries with capped, jittered back-off, and re-registers when a
+gateway that restarted without shared state has forgotten the worker.
 """
 
 from __future__ import annotations
 
 import logging
+import random
+import threading
 import time
 from typing import Annotated, Literal, get_args
 
@@ -84,3 +91,64 @@ def deregister(gateway: str, name: str, key: str | None) -> None:
             log.warning("deregistering %s: HTTP %d", name, response.status_code)
     except httpx.HTTPError as exc:
         log.warning("deregistering %s failed: %r", name, exc)
+
+
+class Keeper:
+    """Registers `record` with `gateway` on a daemon thread until `stop()`, then deregisters.
+
+    Attempts back off from `base_s`, doubling up to `cap_s`, each delay jittered by ±20 % so a
+    fleet that lost its gateway does not return in lockstep. Once registered, the list of workers
+    is read every `check_s`; a gateway that no longer lists the worker gets the record again."""
+
+    def __init__(self, gateway: str, record: WorkerRecord, key: str | None, *, base_s: float = 1.0,
+                 cap_s: float = 60.0, check_s: float = 30.0) -> None:
+        self.gateway, self.record, self.key = gateway.rstrip("/"), record, key
+        self.base_s, self.cap_s, self.check_s = base_s, cap_s, check_s
+        self.registered = threading.Event()  # set while the gateway is known to list the worker
+        self.attempts = 0  # registration attempts made, for the logs and the tests
+        self.ever_registered = False
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="sluice-registration", daemon=True)
+
+    def start(self) -> Keeper:
+        self._thread.start()
+        return self
+
+    def stop(self, timeout_s: float = 15.0) -> None:
+        """Stop trying; deregister if the worker was ever registered (a late registration is undone)."""
+        self._stop.set()
+        self._thread.join(timeout_s)
+        if self.ever_registered:
+            deregister(self.gateway, self.record.name, self.key)
+
+    def _run(self) -> None:
+        failures = 0
+        while not self._stop.is_set():
+            if self.registered.is_set():
+                if not self._stop.wait(self.check_s) and not self._listed():
+                    log.warning("gateway %s no longer lists worker %s; registering it again", self.gateway,
+                                self.record.name)
+                    self.registered.clear()
+                continue
+            try:
+                self.attempts += 1
+                register(self.gateway, self.record, self.key, attempts=1)
+                self.registered.set()
+                self.ever_registered = True
+                failures = 0
+            except RuntimeError as exc:
+                failures += 1
+                delay = min(self.cap_s, self.base_s * 2 ** min(failures - 1, 16)) * random.uniform(0.8, 1.2)
+                log.warning("%s; the engine keeps serving, next attempt in %.1f s", exc, delay)
+                self._stop.wait(delay)
+
+    def _listed(self) -> bool:
+        """Whether the gateway lists the worker; True when it cannot say (down, or no such route),
+        since registering again then would only replace a live registration."""
+        try:
+            response = httpx.get(f"{self.gateway}/v1/admin/workers", headers=_headers(self.key), timeout=10.0)
+            if response.status_code != 200:
+                return True
+            return any(row.get("name") == self.record.name for row in response.json().get("data", []))
+        except (httpx.HTTPError, ValueError, AttributeError):
+            return True

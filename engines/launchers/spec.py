@@ -107,6 +107,7 @@ class WorkerSpec:
     engine_args: tuple[str, ...] = ()  # passed verbatim after ours
     startup_timeout_s: float = 900.0
     stop_timeout_s: float = 30.0
+    registration_check_s: float = 30.0  # how often a registered worker checks the gateway still lists it
     trtllm_serve: str | None = None  # $SLUICE_TRTLLM_SERVE: a shell-quoted command run instead of trtllm-serve
     # $SLUICE_REGISTRATION_KEY: the token registration sends (the gateway's `workers` scope, never an admin key)
     registration_key: str | None = field(default=None, repr=False)
@@ -127,6 +128,8 @@ class WorkerSpec:
             raise ValueError(f"--max-model-len must be >= 1, got {self.max_model_len}")
         if self.startup_timeout_s <= 0 or self.stop_timeout_s <= 0:
             raise ValueError("timeouts must be > 0 seconds")
+        if not 0.1 <= self.registration_check_s <= 3600:
+            raise ValueError(f"--registration-check-s must be in 0.1..3600, got {self.registration_check_s}")
         if self.gateway is not None and not self.gateway.startswith(("http://", "https://")):
             raise ValueError(f"--gateway must be an http(s) URL, got {self.gateway!r}")
 
@@ -181,6 +184,9 @@ def add_worker_arguments(parser: argparse.ArgumentParser) -> None:
                         help="vLLM ZMQ KV-event PUB port (replay on +1); default: --port + 1000")
     parser.add_argument("--gateway", default=None,
                         help="gateway URL to register with (token: $SLUICE_REGISTRATION_KEY)")
+    parser.add_argument("--registration-check-s", type=float, default=30.0,
+                        help="seconds between checks that the gateway still lists this worker; one that "
+                             "forgot it (a restart without shared state) is sent the record again [30]")
     parser.add_argument("--name", default=None, help="stable worker name (default: <engine>-<port>)")
     parser.add_argument("--advertise-host", default=None, help="host the gateway uses to reach this worker")
     parser.add_argument("--python", "--vllm-venv", dest="python", default=None,
@@ -212,6 +218,7 @@ def spec_from_args(args: argparse.Namespace, env: WorkerEnvironment) -> WorkerSp
         kv_events_port=kv_port, gateway=args.gateway, name=args.name, advertise_host=args.advertise_host,
         dtype=args.dtype, python=args.python or env.vllm_python, engine_args=tuple(args.engine_args or ()),
         startup_timeout_s=args.startup_timeout_s, trtllm_serve=env.trtllm_serve,
+        registration_check_s=args.registration_check_s,
         registration_key=env.registration_key,
         worker_key=read_worker_key(args.worker_key_file, env.worker_key),
         allow_unauthenticated=args.allow_unauthenticated,

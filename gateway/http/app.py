@@ -23,7 +23,7 @@ from gateway.kserve import metrics as kserve_metrics
 from gateway.kserve.http_routes import build_router as kserve_router
 from gateway.kserve.infer_http import KServeInferRoute
 from gateway.llm.local import LLMSpec
-from gateway.llm.metrics import EngineStatsCollector, LLMMetrics, RelayEventsCollector
+from gateway.llm.metrics import EngineStatsCollector, LLMMetrics, ModelReadyCollector, RelayEventsCollector
 from gateway.llm.service import LLMService
 from gateway.llm.tracing import Tracing
 from gateway.llm.workers.pool import WorkerPool
@@ -50,6 +50,7 @@ def build_state(settings: Settings) -> AppState:
                      tracing=Tracing(settings.otlp_endpoint, __version__),
                      salt_for=CacheNamespaces.of(security.api.principals()).salt)
     registry.register(EngineStatsCollector(llm.engine_stats))
+    registry.register(ModelReadyCollector(llm.registry.readiness))
     llm.registry.created = frontend_started()
     shared: SharedState | None = None
     frontend = frontend_env()

@@ -22,7 +22,7 @@ from typing import Any
 from engines import heap
 from engines.classic.repository.disk import model_dirs
 from engines.errors import SluiceError
-from engines.launchers.registration import WorkerRecord, deregister, register
+from engines.launchers.registration import Keeper, WorkerRecord
 from gateway.app_state import AppState
 from gateway.discovery import K8sDiscovery, parse_discovery
 from gateway.embedding_models import EmbeddingBridge
@@ -98,9 +98,8 @@ async def _shutdown(state: AppState, discovery: K8sDiscovery | None, grpc_server
         await grpc_server.stop(grace=2)
     if discovery is not None:
         await discovery.stop()
-    s = state.settings
-    if s.register_with and state.ready:
-        await asyncio.to_thread(deregister, s.register_with, s.worker_name or "", s.registration_key)
+    if state.registration is not None:
+        await asyncio.to_thread(state.registration.stop)  # deregisters, if it ever registered
     await state.workers.stop()
     await state.router.stop()
     if state.classic is not None:
@@ -148,7 +147,7 @@ async def bootstrap(state: AppState, llm_specs: list[LLMSpec] | None,
         heap.freeze()  # engines/heap.py: what start-up made leaves the collector's full passes
         state.ready = True
         if s.register_with:
-            await _register_self(state)
+            _register_self(state)
         log.info("ready: %d LLM(s), classic repository %s", len(registry.models),
                  "on" if state.classic is not None else "off")
     except asyncio.CancelledError:
@@ -232,8 +231,9 @@ async def _add_static_workers(state: AppState) -> None:
                 await asyncio.sleep(1.0)
 
 
-async def _register_self(state: AppState) -> None:
-    """Worker mode: announce this server's models to a gateway."""
+def _register_self(state: AppState) -> None:
+    """Worker mode: announce this server's models to a gateway, retried with back-off beside the
+    serving engine (a gateway that is down or refuses never takes the worker out of service)."""
     s = state.settings
     assert s.register_with is not None
     host = "127.0.0.1" if s.host in ("0.0.0.0", "::") else s.host
@@ -243,4 +243,4 @@ async def _register_self(state: AppState) -> None:
                           # its in-process engine's batch size (the smallest, if it serves several)
                           capacity=min((m.admission.capacity for m in state.llm.registry.models.values()),
                                        default=None))
-    await asyncio.to_thread(register, s.register_with, record, s.registration_key)
+    state.registration = Keeper(s.register_with, record, s.registration_key).start()

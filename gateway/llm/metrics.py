@@ -122,6 +122,20 @@ class EngineStatsCollector(Collector):
         yield from (running, waiting, batch, steps, batched, restarts)
 
 
+class ModelReadyCollector(Collector):
+    """`sluice_model_ready{model}`: 1 while an LLM can serve (its in-process engine is up, or a healthy
+    worker serves it), else 0; read at scrape time. /health counts them; the names are here."""
+
+    def __init__(self, source: Callable[[], dict[str, bool]]) -> None:
+        self._source = source
+
+    def collect(self) -> Iterable[GaugeMetricFamily]:
+        ready = GaugeMetricFamily("sluice_model_ready", "1 while the LLM can serve here, else 0.", labels=["model"])
+        for model, up in sorted(self._source().items()):
+            ready.add_metric([model], 1 if up else 0)
+        yield ready
+
+
 class RelayEventsCollector(Collector):
     """Exports, at scrape time, how many of each remote worker's stream events the gateway read
     through a plain-chunk template (`spliced`) and how many it decoded in full (`decoded`;

@@ -84,5 +84,11 @@ class ModelRegistry:
                               retry_after_s=5.0)
         raise model_not_found(name)
 
-    def ready(self) -> bool:
-        return all(m.backend.ready() for m in self.models.values())
+    def ready(self, strict: bool = True) -> bool:
+        """Every model can serve; with `strict` False, every model this replica serves itself
+        (a routed model with no healthy worker is down on every replica alike)."""
+        return all(m.backend.ready() for m in self.models.values() if strict or not m.backend.shared)
+
+    def readiness(self) -> dict[str, bool]:
+        """Each model's state: can it serve now."""
+        return {name: m.backend.ready() for name, m in self.models.items()}

@@ -118,8 +118,8 @@ class LLMService:
                               f"at most {self.max_fanout} are allowed per request", ErrorKind.INVALID_ARG,
                               param="n" if prompts == 1 else "prompt")
 
-    def ready(self) -> bool:
-        return self.registry.ready()
+    def ready(self, strict: bool = True) -> bool:
+        return self.registry.ready(strict)
 
     def engine_stats(self) -> list[tuple[str, str, EngineStats]]:
         """(model, worker, stats) of every in-process engine; remote workers report through the router."""

@@ -46,9 +46,16 @@ class Backend(Protocol):
 
     def ready(self) -> bool: ...
 
+    # True when the model's serving state is the fleet's, the same on every gateway replica (remote
+    # workers); False when it is this replica's own (an in-process engine). Readiness counts only
+    # the latter: one model losing its last worker must not take every replica out of service.
+    shared: bool
+
 
 class LocalBackend:
     """A single in-process engine."""
+
+    shared = False
 
     def __init__(self, name: str, engine: LLMEngine) -> None:
         self._target = Target(name, engine)

@@ -15,18 +15,25 @@ router = APIRouter()
 
 @router.get("/health")
 async def health(request: Request) -> Response:
-    """200 once every model can serve; 503 with a reason while starting or degraded."""
+    """200 once this replica can serve: started, not draining, its in-process engines and repository
+    up. A model served by workers counts only with --strict-readiness (it is down on every replica
+    alike, and taking them all out of service would take every other model with it); `details.models`
+    counts the models that can serve and those that cannot (names are in `sluice_model_ready`)."""
     st = state_of(request)
     if st.drain.draining:
         return JSONResponse({"status": "unavailable", "detail": "draining"}, status_code=503,
                             headers={"Retry-After": "1"})
-    ok = st.ready and st.llm.ready() and (st.classic is None or st.classic.ready())
+    ok = st.ready and st.llm.ready(st.settings.strict_readiness) and (st.classic is None or st.classic.ready())
+    states = list(st.llm.registry.readiness().values())
+    detail: dict[str, object] = {"models": {"ready": sum(states), "unavailable": len(states) - sum(states)}}
     quotas = st.security.quotas.health_detail()  # per-replica quotas are degraded, not unavailable
-    details = {"details": {"quotas": quotas}} if quotas is not None else {}
+    if quotas is not None:
+        detail["quotas"] = quotas
+    details = {"details": detail}
     if ok:
         return JSONResponse({"status": "ok", **details})
-    detail = st.startup_error or ("starting" if not st.ready else "a model cannot serve")
-    return JSONResponse({"status": "unavailable", "detail": detail, **details}, status_code=503)
+    reason = st.startup_error or ("starting" if not st.ready else "a model cannot serve")
+    return JSONResponse({"status": "unavailable", "detail": reason, **details}, status_code=503)
 
 
 @router.get("/version")

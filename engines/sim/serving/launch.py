@@ -115,27 +115,25 @@ def run_sim(args: argparse.Namespace) -> int:
 
 async def serve_fleet(workers: list[SimWorker], gateway: str | None, registration_key: str | None,
                       stop: asyncio.Event | None = None) -> int:
-    """Start every worker, register them, wait for `stop` (default: SIGTERM/SIGINT), deregister, stop."""
+    """Start every worker, keep them registered (`registration.Keeper`: retried with back-off, never
+    fatal), wait for `stop` (default: SIGTERM/SIGINT), deregister, stop."""
     stop = stop or _stop_on_signals()
     started: list[SimWorker] = []
-    registered: list[str] = []
+    keepers: list[registration.Keeper] = []
     code = 0
     try:
         for worker in workers:
             await worker.start()
             started.append(worker)
         if gateway:
-            for worker in started:
-                await asyncio.to_thread(registration.register, gateway, worker.record(), registration_key)
-                registered.append(worker.settings.name)
+            keepers = [registration.Keeper(gateway, w.record(), registration_key).start() for w in started]
         log.info("%d sim worker(s) ready", len(started))
         await stop.wait()
-    except (OSError, RuntimeError) as e:
+    except OSError as e:
         log.error("%s", e)
         code = 1
     finally:
-        for name in registered:
-            await asyncio.to_thread(registration.deregister, gateway or "", name, registration_key)
+        await asyncio.gather(*(asyncio.to_thread(k.stop) for k in keepers))
         for worker in started:
             await worker.stop()
     return code

@@ -52,6 +52,8 @@ def worker_info(record: WorkerRecord, models: tuple[str, ...]) -> WorkerInfo:
 class RoutedBackend:
     """All workers serving one model, ranked per request by the router."""
 
+    shared = True
+
     def __init__(self, model: str, pool: WorkerPool) -> None:
         self.model = model
         self.pool = pool

@@ -111,6 +111,8 @@ class Hooks:
 class FakeBackend:
     """Ranks the same engines, in order, for every request; or raises `error`."""
 
+    shared = False
+
     def __init__(self, hooks: Hooks, engines: Sequence[FakeEngine], log: list[str] | None = None) -> None:
         self.hooks = hooks
         self._engines = list(engines)
