@@ -16,7 +16,7 @@ from pathlib import Path, PurePath
 
 from engines.launchers.layout import LAUNCH_ENGINES, LayoutError, check_model, layout_from
 from engines.launchers.lws import dump, manifests_for
-from engines.launchers.plan import LaunchPlan, default_name
+from engines.launchers.plan import DEFAULT_STARTUP_TIMEOUT_S, LaunchPlan, default_name
 from engines.launchers.scripts import scripts_for
 
 MANIFEST_FILE = "leaderworkerset.yaml"
@@ -37,6 +37,12 @@ def add_launch_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--gateway", default="http://sluice-gateway:8000",
                         help="gateway the leader registers with; '' for none [http://sluice-gateway:8000]")
     parser.add_argument("--max-model-len", type=int, default=None)
+    parser.add_argument("--startup-timeout-s", type=int, default=DEFAULT_STARTUP_TIMEOUT_S,
+                        help="how long the engine may take to become healthy once every node joined "
+                             f"[{DEFAULT_STARTUP_TIMEOUT_S}]")
+    parser.add_argument("--cpu-per-gpu", type=int, default=6, help="CPU cores each pod requests per GPU [6]")
+    parser.add_argument("--memory-gib-per-gpu", type=int, default=32,
+                        help="memory (GiB) each pod requests, and is limited to, per GPU [32]")
     parser.add_argument("engine_args", nargs="*", default=[], metavar="-- ENGINE_ARGS",
                         help="extra engine arguments, after a literal --")
 
@@ -49,6 +55,11 @@ def command_line(args: argparse.Namespace) -> str:
                         ("--served-model-name", args.served_model_name), ("--image", args.image),
                         ("--max-model-len", args.max_model_len)):
         if value is not None:
+            argv += [flag, str(value)]
+    for flag, value, default in (("--startup-timeout-s", args.startup_timeout_s, DEFAULT_STARTUP_TIMEOUT_S),
+                                 ("--cpu-per-gpu", args.cpu_per_gpu, 6),
+                                 ("--memory-gib-per-gpu", args.memory_gib_per_gpu, 32)):
+        if value != default:
             argv += [flag, str(value)]
     if args.gateway != "http://sluice-gateway:8000":
         argv += ["--gateway", args.gateway]
@@ -67,7 +78,8 @@ def plan_from_args(args: argparse.Namespace) -> LaunchPlan:
         name=args.name or default_name(args.engine, args.model),
         image=args.image or f"sluice-{args.engine}:latest", gateway=args.gateway or None,
         max_model_len=args.max_model_len, engine_args=tuple(args.engine_args or ()),
-        command_line=command_line(args))
+        command_line=command_line(args), startup_timeout_s=args.startup_timeout_s, cpu_per_gpu=args.cpu_per_gpu,
+        memory_gib_per_gpu=args.memory_gib_per_gpu)
 
 
 def render(plan: LaunchPlan) -> dict[str, str]:

@@ -3,16 +3,19 @@
 The same scripts run on bare metal and in a LeaderWorkerSet: node facts come from
 `SLUICE_*` variables when set, else from the variables LeaderWorkerSet injects
 (`LWS_LEADER_ADDRESS` = "<name>-<group>.<subdomain>.<namespace>", `LWS_GROUP_SIZE`).
-Every wait is bounded, so a node that never comes fails the group instead of hanging it.
+Every wait for the other nodes ends `NODE_WAIT_S` after the script started, so a node that never
+comes fails the group instead of hanging it, and the leader's start-up probe can count on it.
 
 vLLM: the leader starts the Ray head, waits for every node to join, then runs
 `sluice worker --engine vllm ... -- --distributed-executor-backend ray` (vLLM's
 OpenAI server, the process `vllm serve` starts). Workers join the head with
 `ray start --address ... --block`.
 
-TensorRT-LLM: workers run sshd; the leader writes an MPI hostfile (LWS names worker
-pods "<leader>-<index>" in the leader's subdomain), waits for each worker's sshd, and
-runs `sluice worker --engine trtllm` with `$SLUICE_TRTLLM_SERVE` set to
+TensorRT-LLM: workers run sshd (as root: it is the one role that must), with their pod's
+NCCL/CUDA/UCX settings and PATH in ~/.ssh/environment so the ranks it starts get them; the leader
+writes an MPI hostfile (LWS names worker pods "<leader>-<index>" in the leader's subdomain), keeps
+those fully qualified names through Open MPI, waits for each worker's sshd, and runs
+`sluice worker --engine trtllm` with `$SLUICE_TRTLLM_SERVE` set to
 `mpirun ... trtllm-llmapi-launch trtllm-serve`: rank 0 serves HTTP, the other ranks
 join its MPI world.
 """
@@ -21,9 +24,11 @@ from __future__ import annotations
 
 import shlex
 
-from engines.launchers.plan import RAY_PORT, SSH_PORT, WORKER_PORT, LaunchPlan
+from engines.launchers.plan import NODE_WAIT_S, RAY_PORT, SSH_PORT, WORKER_PORT, LaunchPlan
 
-WAIT_TRIES = 360  # × 5 s: half an hour for the other nodes (image pulls, model downloads)
+# What reaches every MPI rank from its own pod: sshd starts remote ranks (and Open MPI's daemon) with
+# a bare environment, so the worker writes these into root's ~/.ssh/environment.
+RANK_ENV = r"^(NCCL|CUDA|UCX|NVIDIA|OMPI|HF|TRTLLM|TLLM)_|^(PATH|LD_LIBRARY_PATH|HOME)="
 
 
 def scripts_for(plan: LaunchPlan) -> dict[str, str]:
@@ -53,12 +58,12 @@ def _header(plan: LaunchPlan, role: str, host_ip: bool = True) -> str:
 
 
 def _wait_for_port() -> str:
-    return (f"wait_for_port() {{  # host port: until something listens, at most {WAIT_TRIES} × 5 s\n"
-            f"  for _ in $(seq {WAIT_TRIES}); do\n"
-            '    if (exec 3<>"/dev/tcp/$1/$2") 2>/dev/null; then return 0; fi\n'
+    return (f"NODE_WAIT_S={NODE_WAIT_S}  # every wait for the other nodes ends this long after the start\n"
+            "wait_for_port() {  # host port: until something listens, at most until NODE_WAIT_S\n"
+            '  until (exec 3<>"/dev/tcp/$1/$2") 2>/dev/null; do\n'
+            '    if [ "$SECONDS" -ge "$NODE_WAIT_S" ]; then echo "nothing listens on $1:$2" >&2; return 1; fi\n'
             "    sleep 5\n"
             "  done\n"
-            '  echo "nothing listens on $1:$2" >&2; return 1\n'
             "}\n")
 
 
@@ -66,7 +71,8 @@ def _sluice_worker(plan: LaunchPlan, extra: tuple[str, ...] = ()) -> str:
     lay = plan.layout
     argv = ["sluice", "worker", "--engine", plan.engine, "--model", plan.model,
             "--served-model-name", plan.served_model_name, "--tensor-parallel-size", str(lay.tp),
-            "--pipeline-parallel-size", str(lay.pp), "--port", str(WORKER_PORT)]
+            "--pipeline-parallel-size", str(lay.pp), "--port", str(WORKER_PORT),
+            "--startup-timeout-s", str(plan.startup_timeout_s)]
     if plan.max_model_len is not None:
         argv += ["--max-model-len", str(plan.max_model_len)]
     engine_args = (*extra, *plan.engine_args)
@@ -92,7 +98,8 @@ def _vllm_leader(plan: LaunchPlan) -> str:
     gpus = plan.layout.gpus_per_node
     if plan.layout.nodes == 1:
         return _header(plan, "leader (the only node)") + "export VLLM_HOST_IP=$HOST_IP\n" + _sluice_worker(plan)
-    wait = (f"python3 - \"$NODES\" {WAIT_TRIES * 5} <<'PY'\n"
+    wait = (f"NODE_WAIT_S={NODE_WAIT_S}  # the wait for the other nodes ends this long after the start\n"
+            "python3 - \"$NODES\" \"$((NODE_WAIT_S - SECONDS))\" <<'PY'\n"
             "import sys, time\nimport ray\n"
             "want, deadline = int(sys.argv[1]), time.monotonic() + float(sys.argv[2])\n"
             'ray.init(address="auto", logging_level="warning")\n'
@@ -139,13 +146,24 @@ def _trtllm_leader(plan: LaunchPlan) -> str:
              "done\n") if lay.nodes > 1 else (
              f'HOSTFILE=$(mktemp); echo "localhost slots={lay.gpus_per_node}" > "$HOSTFILE"\n')
     return (_header(plan, "leader (node 0: MPI rank 0 and the trtllm-serve HTTP server)") + hosts
+            + "# Open MPI would shorten the hosts' names before ssh; a pod's short name does not resolve.\n"
+            + "export OMPI_MCA_orte_keep_fqdn_hostnames=1\n"
             + "# `sluice worker --engine trtllm` runs this command in place of plain trtllm-serve.\n"
             + f'export SLUICE_TRTLLM_SERVE="{quoted}"\n'
             + _sluice_worker(plan))
 
 
 def _trtllm_worker(plan: LaunchPlan) -> str:
+    run = "/run/sluice-sshd"
     return (_header(plan, "worker (node 1..N-1: MPI ranks, started by the leader's mpirun over SSH)", host_ip=False)
-            + "# The key pair and authorized_keys come from the mounted Secret (see leaderworkerset.yaml).\n"
-            + "mkdir -p /run/sshd && ssh-keygen -A  # host keys, if the image has none\n"
-            + f"exec /usr/sbin/sshd -D -e -p {SSH_PORT}\n")
+            + "# The key pair and authorized_keys were copied into ~/.ssh (0700, files 0600) before this runs.\n"
+            + "# Ranks started through sshd get this pod's NCCL_*, CUDA_*, UCX_*, PATH... from ~/.ssh/environment.\n"
+            + f"env | grep -E '{RANK_ENV}' > \"$HOME/.ssh/environment\" || true\n"
+            + 'chmod 0600 "$HOME/.ssh/environment"\n'
+            + "# The root filesystem is read-only: the host key and sshd's privilege-separation directory live in\n"
+            + "# the /run emptyDir; no PAM (its loginuid module needs a capability this pod does not have).\n"
+            + f"install -d -m 0755 /run/sshd && install -d -m 0700 {run}\n"
+            + f"[ -f {run}/host_ed25519_key ] || ssh-keygen -q -t ed25519 -N '' -f {run}/host_ed25519_key\n"
+            + f"exec /usr/sbin/sshd -D -e -p {SSH_PORT} -h {run}/host_ed25519_key -o PidFile={run}/sshd.pid \\\n"
+            + "  -o UsePAM=no -o PermitUserEnvironment=yes -o PasswordAuthentication=no "
+            + "-o PermitRootLogin=prohibit-password\n")

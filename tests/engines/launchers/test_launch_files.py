@@ -40,8 +40,9 @@ LAYOUTS = [
 @pytest.mark.parametrize("argv", LAYOUTS, ids=lambda a: "-".join(a[1::2][:5]))
 def test_generated_manifests_validate(argv: tuple[str, ...]) -> None:
     docs = [d for d in yaml.safe_load_all(_files(*argv)[MANIFEST_FILE]) if d]
-    assert [d["kind"] for d in docs] == ["ConfigMap", "LeaderWorkerSet", "Service", "NetworkPolicy"]
-    assert [validate(d) for d in docs] == ["builtin", "crd", "builtin", "builtin"]
+    assert [d["kind"] for d in docs] == ["ConfigMap", "LeaderWorkerSet", "Service", "PodDisruptionBudget",
+                                         "NetworkPolicy"]
+    assert [validate(d) for d in docs] == ["builtin", "crd", "builtin", "builtin", "builtin"]
     plan = plan_from_args(_args(*argv))
     lws, service = docs[1], docs[2]
     template = lws["spec"]["leaderWorkerTemplate"]
@@ -107,7 +108,7 @@ def test_trtllm_leaders_say_they_are_unauthenticated_and_peers_reach_each_other(
     serve = files["leader.sh"][files["leader.sh"].index("exec sluice worker"):]
     assert ("--allow-unauthenticated" in serve) == (argv[1] == "trtllm")
     plan = plan_from_args(_args(*argv))
-    policy = [d for d in yaml.safe_load_all(files[MANIFEST_FILE]) if d][3]
+    policy = next(d for d in yaml.safe_load_all(files[MANIFEST_FILE]) if d and d["kind"] == "NetworkPolicy")
     group = {"matchLabels": {"leaderworkerset.sigs.k8s.io/name": plan.name}}
     assert policy["spec"]["podSelector"] == group and policy["spec"]["ingress"] == [{"from": [{"podSelector": group}]}]
 

@@ -6,12 +6,12 @@ NODES=${SLUICE_GROUP_SIZE:-${LWS_GROUP_SIZE:-2}}
 if [ "$NODES" != 2 ]; then echo "this layout needs 2 nodes, got $NODES" >&2; exit 2; fi
 HOST_IP=${SLUICE_ADVERTISE_HOST:-$(hostname -i | awk '{print $1}')}
 LEADER=${SLUICE_LEADER_ADDRESS:-${LWS_LEADER_ADDRESS:-$(hostname -f)}}
-wait_for_port() {  # host port: until something listens, at most 360 × 5 s
-  for _ in $(seq 360); do
-    if (exec 3<>"/dev/tcp/$1/$2") 2>/dev/null; then return 0; fi
+NODE_WAIT_S=1800  # every wait for the other nodes ends this long after the start
+wait_for_port() {  # host port: until something listens, at most until NODE_WAIT_S
+  until (exec 3<>"/dev/tcp/$1/$2") 2>/dev/null; do
+    if [ "$SECONDS" -ge "$NODE_WAIT_S" ]; then echo "nothing listens on $1:$2" >&2; return 1; fi
     sleep 5
   done
-  echo "nothing listens on $1:$2" >&2; return 1
 }
 HOSTFILE=$(mktemp)
 echo "${LEADER} slots=8" > "$HOSTFILE"
@@ -23,6 +23,8 @@ for h in $WORKERS; do
   wait_for_port "$h" 2222
   echo "$h slots=8" >> "$HOSTFILE"
 done
+# Open MPI would shorten the hosts' names before ssh; a pod's short name does not resolve.
+export OMPI_MCA_orte_keep_fqdn_hostnames=1
 # `sluice worker --engine trtllm` runs this command in place of plain trtllm-serve.
 export SLUICE_TRTLLM_SERVE="mpirun --allow-run-as-root -n 16 --hostfile $HOSTFILE --mca plm_rsh_args '-p 2222 -o StrictHostKeyChecking=accept-new' --bind-to none -x PATH -x LD_LIBRARY_PATH -x HF_HOME trtllm-llmapi-launch trtllm-serve"
 # Registers with the gateway as a single-node worker does (SLUICE_GATEWAY= to skip). Every socket
@@ -31,5 +33,5 @@ export SLUICE_TRTLLM_SERVE="mpirun --allow-run-as-root -n 16 --hostfile $HOSTFIL
 # --allow-unauthenticated. The NetworkPolicy sluice-workers admits only the gateway to it.
 GATEWAY=${SLUICE_GATEWAY-http://sluice-gateway:8000}
 register=(); if [ -n "$GATEWAY" ]; then register=(--gateway "$GATEWAY"); fi
-exec sluice worker --engine trtllm --model /models/Llama-3.1-70B-Instruct --served-model-name llama-3.1-70b --tensor-parallel-size 8 --pipeline-parallel-size 2 --port 8100 --allow-unauthenticated \
+exec sluice worker --engine trtllm --model /models/Llama-3.1-70B-Instruct --served-model-name llama-3.1-70b --tensor-parallel-size 8 --pipeline-parallel-size 2 --port 8100 --startup-timeout-s 1800 --allow-unauthenticated \
   --host "$HOST_IP" --advertise-host "$HOST_IP" --name "${SLUICE_WORKER_NAME:-$(hostname)}" "${register[@]}"

@@ -8,7 +8,8 @@ HOST_IP=${SLUICE_ADVERTISE_HOST:-$(hostname -i | awk '{print $1}')}
 export VLLM_HOST_IP=$HOST_IP  # the address vLLM's workers on this node advertise
 ray start --head --port=6379 --node-ip-address="$HOST_IP" --num-gpus=8 --disable-usage-stats
 # vLLM places its ranks on the Ray cluster as it finds it: wait for every node.
-python3 - "$NODES" 1800 <<'PY'
+NODE_WAIT_S=1800  # the wait for the other nodes ends this long after the start
+python3 - "$NODES" "$((NODE_WAIT_S - SECONDS))" <<'PY'
 import sys, time
 import ray
 want, deadline = int(sys.argv[1]), time.monotonic() + float(sys.argv[2])
@@ -23,5 +24,5 @@ PY
 # binds this node's address alone; the worker key comes as $SLUICE_WORKER_KEY.
 GATEWAY=${SLUICE_GATEWAY-http://sluice-gateway:8000}
 register=(); if [ -n "$GATEWAY" ]; then register=(--gateway "$GATEWAY"); fi
-exec sluice worker --engine vllm --model /models/Llama-3.1-70B-Instruct --served-model-name llama-3.1-70b --tensor-parallel-size 8 --pipeline-parallel-size 2 --port 8100 \
+exec sluice worker --engine vllm --model /models/Llama-3.1-70B-Instruct --served-model-name llama-3.1-70b --tensor-parallel-size 8 --pipeline-parallel-size 2 --port 8100 --startup-timeout-s 1800 \
   --host "$HOST_IP" --advertise-host "$HOST_IP" --name "${SLUICE_WORKER_NAME:-$(hostname)}" "${register[@]}" -- --distributed-executor-backend ray

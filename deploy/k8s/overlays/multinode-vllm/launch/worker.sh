@@ -7,12 +7,12 @@ if [ "$NODES" != 2 ]; then echo "this layout needs 2 nodes, got $NODES" >&2; exi
 HOST_IP=${SLUICE_ADVERTISE_HOST:-$(hostname -i | awk '{print $1}')}
 LEADER=${SLUICE_LEADER_ADDRESS:-${LWS_LEADER_ADDRESS:?set SLUICE_LEADER_ADDRESS to the leader host}}
 export VLLM_HOST_IP=$HOST_IP
-wait_for_port() {  # host port: until something listens, at most 360 × 5 s
-  for _ in $(seq 360); do
-    if (exec 3<>"/dev/tcp/$1/$2") 2>/dev/null; then return 0; fi
+NODE_WAIT_S=1800  # every wait for the other nodes ends this long after the start
+wait_for_port() {  # host port: until something listens, at most until NODE_WAIT_S
+  until (exec 3<>"/dev/tcp/$1/$2") 2>/dev/null; do
+    if [ "$SECONDS" -ge "$NODE_WAIT_S" ]; then echo "nothing listens on $1:$2" >&2; return 1; fi
     sleep 5
   done
-  echo "nothing listens on $1:$2" >&2; return 1
 }
 wait_for_port "$LEADER" 6379
 exec ray start --address="$LEADER:6379" --node-ip-address="$HOST_IP" --num-gpus=8 --disable-usage-stats --block
