@@ -24,6 +24,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 log = logging.getLogger(__name__)
 
+HTTP_TIMEOUT_S = 10.0  # each call to the gateway; shutdown waits at most two (tests/deploy: the grace period)
+
 
 def _headers(key: str | None) -> dict[str, str]:
     return {"Authorization": f"Bearer {key}"} if key else {}
@@ -68,7 +70,8 @@ def register(gateway: str, record: WorkerRecord, key: str | None, attempts: int 
     last = "no attempt"
     for attempt in range(attempts):
         try:
-            response = httpx.post(url, json=record.model_dump(mode="json"), headers=_headers(key), timeout=10.0)
+            response = httpx.post(url, json=record.model_dump(mode="json"), headers=_headers(key),
+                                  timeout=HTTP_TIMEOUT_S)
             if response.status_code < 300:
                 log.info("registered worker %s with %s", record.name, gateway)
                 return
@@ -86,7 +89,7 @@ def deregister(gateway: str, name: str, key: str | None) -> None:
     """DELETE the worker; failures are logged, never raised (we are shutting down anyway)."""
     url = gateway.rstrip("/") + f"/v1/admin/workers/{name}"
     try:
-        response = httpx.delete(url, headers=_headers(key), timeout=10.0)
+        response = httpx.delete(url, headers=_headers(key), timeout=HTTP_TIMEOUT_S)
         if response.status_code >= 300 and response.status_code != 404:
             log.warning("deregistering %s: HTTP %d", name, response.status_code)
     except httpx.HTTPError as exc:
@@ -114,10 +117,11 @@ class Keeper:
         self._thread.start()
         return self
 
-    def stop(self, timeout_s: float = 15.0) -> None:
-        """Stop trying; deregister if the worker was ever registered (a late registration is undone)."""
+    def stop(self) -> None:
+        """Stop trying; deregister if the worker was ever registered (a late registration is undone).
+        Takes at most 2 × HTTP_TIMEOUT_S: a call in flight, then the DELETE."""
         self._stop.set()
-        self._thread.join(timeout_s)
+        self._thread.join(HTTP_TIMEOUT_S)
         if self.ever_registered:
             deregister(self.gateway, self.record.name, self.key)
 
@@ -146,7 +150,7 @@ class Keeper:
         """Whether the gateway lists the worker; True when it cannot say (down, or no such route),
         since registering again then would only replace a live registration."""
         try:
-            response = httpx.get(f"{self.gateway}/v1/admin/workers", headers=_headers(self.key), timeout=10.0)
+            response = httpx.get(f"{self.gateway}/v1/admin/workers", headers=_headers(self.key), timeout=HTTP_TIMEOUT_S)
             if response.status_code != 200:
                 return True
             return any(row.get("name") == self.record.name for row in response.json().get("data", []))

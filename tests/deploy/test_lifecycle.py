@@ -58,10 +58,10 @@ def _shutdown_bound_s(docs: list[Obj], template: Obj) -> float:
         uvicorn_s = _source_number(server, r"timeout_graceful_shutdown=(\d+)")
         return pre_stop + drain_s + server._AFTER_DEADLINE_S + uvicorn_s
     # `sluice worker --engine vllm|trtllm` (directly, or at the end of a LeaderWorkerSet's leader.sh):
-    # the engine gets stop_timeout_s, then the worker deregisters from the gateway.
+    # the registration keeper ends its call in flight and deregisters (two gateway calls at most),
+    # then the engine gets stop_timeout_s.
     stop_s = WorkerSpec.__dataclass_fields__["stop_timeout_s"].default
-    deregister_s = _source_number(registration, r"httpx\.delete\(.*timeout=([\d.]+)")
-    return float(pre_stop + stop_s + deregister_s)
+    return float(pre_stop + 2 * registration.HTTP_TIMEOUT_S + stop_s)
 
 
 def _runs_sluice_worker(owner: str, container: Obj) -> bool:
