@@ -69,11 +69,12 @@ class Dispatch:
         first = self.choices[0]
         return first.targets[first.current].name
 
-    def headers(self, client_request_id: str | None) -> dict[str, str]:
+    def headers(self) -> dict[str, str]:
         """Routing headers of the first choice. A streaming response sends them before
         generation starts, so after a failover they name the first-ranked worker; a
-        non-streaming response builds them at the end and names the one that served."""
-        h = {"X-Sluice-Worker": self.worker, "X-Request-Id": client_request_id or self.request_id}
+        non-streaming response builds them at the end and names the one that served.
+        (X-Request-Id is the middleware's, on every response.)"""
+        h = {"X-Sluice-Worker": self.worker}
         first = self.choices[0].targets[0]
         # Lets clients compare the router's prediction with the engine's
         # usage.prompt_tokens_details.cached_tokens, request by request.
