@@ -50,6 +50,11 @@ class RequestTrace:
         """The request's trace (32 hex digits), when it has one."""
         return None
 
+    @property
+    def sampled(self) -> bool:
+        """Whether the trace is recorded (by this gateway, or by the caller that sampled it)."""
+        return False
+
     def routing(self) -> Any:
         """A context manager around ranking."""
         return _NULL
@@ -158,6 +163,10 @@ class _PassThrough(RequestTrace):
     def trace_id(self) -> str | None:
         return self._parent.trace_id
 
+    @property
+    def sampled(self) -> bool:
+        return bool(self._parent.flags & 0x01)
+
     def engine_call(self, target: Target, request: EngineRequest) -> Any:
         return EngineCall(dataclasses.replace(request, trace_headers=self._parent.headers()))
 
@@ -177,6 +186,10 @@ class _LiveTrace(RequestTrace):
     @property
     def trace_id(self) -> str | None:
         return format(self._root.get_span_context().trace_id, "032x")
+
+    @property
+    def sampled(self) -> bool:
+        return bool(self._root.get_span_context().trace_flags.sampled)
 
     def _child(self, name: str, **kwargs: Any) -> Span:
         from opentelemetry import trace

@@ -6,7 +6,8 @@ exporting spans to a real OTLP receiver and logging JSON.
 Checked: a client's traceparent is continued (the gateway's `llm.request` is a child of the client's
 span, the worker's a child of the gateway's `llm.engine`), its tracestate reaches the worker; the
 client's X-Request-Id comes back on every response (streamed, refused) and reaches the worker; both
-ids are in the log records of both; a malformed X-Request-Id or traceparent is ignored, never echoed.
+ids are in the log records of both; a malformed X-Request-Id or traceparent is ignored, never echoed;
+the latency histograms carry the trace as an exemplar in an OpenMetrics scrape, on both metrics ports.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from typing import Any
 import httpx
 import openai
 import pytest
+from prometheus_client.openmetrics.parser import text_string_to_metric_families as openmetrics_families
 
 from tests.otlp_receiver import OtlpReceiver, ReceivedSpan
 from tests.servers import LLM_NAME, ROOT, Server, free_port, start_server, wait_healthy
@@ -40,6 +42,7 @@ class Stack:
     receiver: OtlpReceiver
     gateway: Server
     worker: Server
+    metrics_port: int
 
 
 @pytest.fixture(scope="module")
@@ -47,8 +50,10 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     tmp = tmp_path_factory.mktemp("trace-context")
     (tmp / "repo").mkdir()
     with OtlpReceiver() as receiver:
+        metrics_port = free_port()
         gateway = start_server(["--model-repository", str(tmp / "repo"), "--otlp-endpoint", receiver.url,
-                                "--log-format", "json"], tmp / "gateway.log", env=FAST_EXPORT)
+                                "--log-format", "json", "--metrics-port", str(metrics_port)],
+                               tmp / "gateway.log", env=FAST_EXPORT)
         port = free_port()
         log = (tmp / "worker.log").open("wb")
         proc = subprocess.Popen(
@@ -64,7 +69,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
                 if httpx.get(gateway.url + "/v1/models").json()["data"]:
                     break
                 time.sleep(0.2)
-            yield Stack(receiver, gateway, worker)
+            yield Stack(receiver, gateway, worker, metrics_port)
         finally:
             worker.stop()
             gateway.stop()
@@ -148,3 +153,24 @@ def test_malformed_ids_and_traceparents_are_ignored_not_echoed(stack: Stack, bad
     root = next(s for s in _spans(stack, "sluice-gateway", rid) if s.name == "llm.request")
     assert root.parent_span_id == "" and root.trace_id != TRACE_ID  # a trace of its own
     assert bad_parent not in stack.gateway.log() and (bad_id.startswith("ok-id") or bad_id not in stack.gateway.log())
+
+
+OPENMETRICS = "application/openmetrics-text;version=1.0.0,text/plain;version=0.0.4;q=0.5,*/*;q=0.1"  # Prometheus's
+
+
+def test_latency_histograms_carry_the_trace_as_an_exemplar_in_openmetrics(stack: Stack) -> None:
+    trace_id = "5" * 32
+    r = httpx.post(stack.gateway.url + "/v1/completions", timeout=120,
+                   headers={"traceparent": f"00-{trace_id}-{CALLER_SPAN}-01"},
+                   json={"model": LLM_NAME, "prompt": "Exemplar", "max_tokens": 2})
+    assert r.status_code == 200, r.text
+    for url in (stack.gateway.url, f"http://127.0.0.1:{stack.metrics_port}"):
+        scrape = httpx.get(url + "/metrics", headers={"Accept": OPENMETRICS})
+        assert scrape.headers["content-type"].startswith("application/openmetrics-text")
+        families = {f.name: f for f in openmetrics_families(scrape.text)}
+        for name in ("sluice_time_to_first_token_seconds", "sluice_e2e_request_latency_seconds",
+                     "sluice_queue_time_seconds"):
+            exemplars = [s.exemplar.labels for s in families[name].samples if s.exemplar is not None]
+            assert {"trace_id": trace_id} in exemplars, (name, exemplars)
+        plain = httpx.get(url + "/metrics")  # no Accept: Prometheus text, which has no exemplars
+        assert plain.headers["content-type"].startswith("text/plain") and trace_id not in plain.text
