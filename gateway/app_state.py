@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from engines.classic.manager import ModelRepositoryManager
     from gateway.embedding_models import EmbeddingBridge
     from gateway.frontends.channel import Peers
+    from gateway.telemetry.runtime import LoopLag
 
 
 @dataclass(slots=True)
@@ -47,6 +48,7 @@ class AppState:
     startup_task: asyncio.Task[None] | None = None  # a frontend's start-up, which it awaits before listening
     # (name, URL) pairs workers registered with a `workers`-scope key: what discovery may admit.
     attestations: Attestations = field(default_factory=Attestations)
+    loop_lag: LoopLag | None = None  # the event loop's lag, sampled while the app runs
 
 
 def state_of(request: Request) -> AppState:
