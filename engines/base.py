@@ -78,6 +78,10 @@ class EngineRequest:
     # W3C trace context (`traceparent`, `tracestate`) of the gateway's span for this attempt;
     # remote engines send it as request headers, so the worker's spans join the trace.
     trace_headers: dict[str, str] | None = None
+    # The API request's id (the gateway's X-Request-Id): a remote worker gets it as its own X-Request-Id,
+    # so its logs and spans name the request as the client and the gateway do. Not unique (every choice
+    # of a request shares it; clients may reuse theirs): `request_id` is. None: `request_id` is sent.
+    api_request_id: str | None = None
     # The consumer takes runs of plain text still JSON-escaped (`Delta.text_json`): a remote engine
     # then relays its worker's plain events without decoding them in full (engines.remote.splice).
     text_json: bool = False

@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from engines.launchers.registration import Keeper
     from gateway.embedding_models import EmbeddingBridge
     from gateway.frontends.channel import Peers
+    from gateway.telemetry.runtime import LoopLag
 
 
 @dataclass(slots=True)
@@ -49,6 +50,7 @@ class AppState:
     # (name, URL) pairs workers registered with a `workers`-scope key: what discovery may admit.
     attestations: Attestations = field(default_factory=Attestations)
     registration: Keeper | None = None  # worker mode (--register-with): keeps this server registered
+    loop_lag: LoopLag | None = None  # the event loop's lag, sampled while the app runs
 
 
 def state_of(request: Request) -> AppState:

@@ -164,8 +164,8 @@ class RemoteEngine:
         exchange: Exchange | None = None
         spliced: SplicedBatch | None = None
         try:
-            headers = {"X-Request-Id": rid, **(request.trace_headers or {})}
-            exchange = await self._open(path, orjson.dumps(body), headers)
+            headers = {"X-Request-Id": request.api_request_id or rid, **(request.trace_headers or {})}
+            exchange = await self._open(path, orjson.dumps(body), headers, rid)
             self._live[rid] = exchange
             if rid in self._aborted:
                 exchange.abort()
@@ -182,12 +182,11 @@ class RemoteEngine:
             self._live.pop(rid, None)
             self._aborted.discard(rid)
 
-    async def _open(self, path: str, payload: bytes, headers: dict[str, str]) -> Exchange:
+    async def _open(self, path: str, payload: bytes, headers: dict[str, str], request_id: str) -> Exchange:
         """Send the request (with the request id and trace context in `headers`) and wait for the
         response head; a refusal raises its EngineError."""
         if self._pool is None:
             raise EngineError(f"engine {self.name} is not started", ErrorKind.UNAVAILABLE, retryable=True)
-        request_id = headers["X-Request-Id"]
         try:
             extra = header_lines(headers)
         except (ValueError, UnicodeEncodeError) as exc:

@@ -8,7 +8,8 @@ the others and answers for all: Prometheus metrics with a `frontend` label on ev
 
 Siblings talk over Unix sockets in a directory the supervisor made for them (mode 0700), which
 nothing on the network can reach. One request per connection: a JSON line in, a 4-byte
-big-endian length and that many bytes out. Ops: `metrics` (this process's exposition),
+big-endian length and that many bytes out. Ops: `metrics` (this process's exposition, in the
+format the scraper's `accept` header chose: OpenMetrics, with exemplars, or Prometheus text),
 `stats` (snapshots of one name/version, or the error) and `worker` (a worker registration,
 removal or drain another frontend took, applied here too: gateway.frontends.registrations). A
 sibling that does not answer within `TIMEOUT_S` (`WORKER_TIMEOUT_S` for `worker`, which probes
@@ -26,7 +27,8 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client import CollectorRegistry
+from prometheus_client.exposition import choose_encoder
 
 from engines.classic.errors import InferError
 from engines.classic.manager import ModelRepositoryManager
@@ -96,7 +98,8 @@ class Peers:
     def _answer(self, request: Any) -> bytes:
         op = request.get("op") if isinstance(request, dict) else None
         if op == "metrics":
-            return generate_latest(self._registry)
+            encoder, _ = choose_encoder(str(request.get("accept", "")))
+            return encoder(self._registry)
         if op == "stats" and self._manager is not None:
             try:
                 snaps = self._manager.statistics(str(request.get("name", "")), str(request.get("version", "")))
@@ -130,14 +133,17 @@ class Peers:
         return {i: a for i, a in zip(others, answers, strict=True) if a is not None}
 
 
-async def exposition(registry: CollectorRegistry, peers: Peers | None) -> bytes:
-    """The `/metrics` body: this process's registry, or every frontend's, labelled."""
-    local = generate_latest(registry)
+async def exposition(registry: CollectorRegistry, peers: Peers | None, accept: str = "") -> tuple[bytes, str]:
+    """The `/metrics` body and its content type: this process's registry, or every frontend's,
+    labelled. OpenMetrics (with the histograms' exemplars) when the scraper's `accept` header asks
+    for it, as Prometheus's does; else Prometheus text, which has no exemplars."""
+    encoder, content_type = choose_encoder(accept)
+    local = encoder(registry)
     if peers is None:
-        return local
-    parts = await peers.ask_all({"op": "metrics"})
+        return local, content_type
+    parts = await peers.ask_all({"op": "metrics", "accept": accept})
     parts[peers.index] = local
-    return merge_expositions(parts)
+    return merge_expositions(parts), content_type
 
 
 async def statistics(manager: ModelRepositoryManager, peers: Peers | None, name: str, version: str
@@ -163,27 +169,29 @@ async def statistics(manager: ModelRepositoryManager, peers: Peers | None, name:
 
 
 def merge_expositions(parts: dict[int, bytes]) -> bytes:
-    """Prometheus text expositions of several processes as one: each family once, with every
-    process's samples under it, each sample labelled `frontend="<index>"`."""
+    """Expositions of several processes (all Prometheus text, or all OpenMetrics) as one: each family
+    once, with every process's samples under it, each sample labelled `frontend="<index>"` (an
+    exemplar after a sample keeps its own labels). OpenMetrics ends with one `# EOF`."""
     headers: dict[str, list[str]] = {}
     samples: dict[str, list[str]] = {}
+    eof = False
     for index in sorted(parts):
         family = None
         for line in parts[index].decode("utf-8").split("\n"):
             if not line:
                 continue
-            if line.startswith(("# HELP ", "# TYPE ")):
+            if line.startswith(("# HELP ", "# TYPE ", "# UNIT ")):
                 family = line.split(" ", 3)[2]
                 lines = headers.setdefault(family, [])
-                if len(lines) < 2 and line not in lines:
+                if len(lines) < 3 and line not in lines:
                     lines.append(line)
                 samples.setdefault(family, [])
             elif line.startswith("#"):
-                continue
+                eof = eof or line == "# EOF"
             elif family is not None:
                 samples[family].append(_labelled(line, index))
     out = [line for family in headers for line in (*headers[family], *samples[family])]
-    return ("\n".join(out) + "\n").encode("utf-8")
+    return ("\n".join([*out, *(["# EOF"] if eof else [])]) + "\n").encode("utf-8")
 
 
 def _labelled(line: str, index: int) -> str:

@@ -33,6 +33,7 @@ from gateway.security.guard import build_security
 from gateway.security.http import AccessMiddleware
 from gateway.security.tenancy import CacheNamespaces
 from gateway.settings import Settings
+from gateway.telemetry.runtime import TASK, LoopLag, register_runtime_collectors
 from router import Router
 from router.replicas.node_state import NodeSharedState, NodeStateConfig
 from router.shared import SharedState
@@ -44,6 +45,7 @@ _EXPOSED_HEADERS = ["X-Request-Id", "X-Sluice-Worker", "X-Sluice-Predicted-Cache
 
 def build_state(settings: Settings) -> AppState:
     registry = CollectorRegistry()
+    register_runtime_collectors(registry)
     metrics = LLMMetrics(registry)
     security = build_security(settings, registry)
     llm = LLMService(metrics, settings.admission(), settings.max_fanout, tokens=security.quotas,
@@ -85,6 +87,7 @@ def build_state(settings: Settings) -> AppState:
                                                allow_uploads=settings.allow_model_uploads)
         kserve_metrics.register(registry, state.classic)
     registry.register(RelayEventsCollector(state.workers.relay_counts))
+    state.loop_lag = LoopLag(registry, on_restart=router.metrics.task_restarts.labels(TASK, "").inc)
     return state
 
 

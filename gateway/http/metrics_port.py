@@ -14,7 +14,8 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry
+from prometheus_client import CollectorRegistry
+from prometheus_client.exposition import choose_encoder
 
 from engines.errors import ErrorKind, SluiceError
 from gateway.frontends.channel import Peers, exposition
@@ -57,7 +58,7 @@ class MetricsServer:
                 head = await reader.readuntil(b"\r\n\r\n")
             status, headers, body = self._answer(head.decode("latin-1"))
             if body is None:  # allowed: read the exposition (it may ask sibling frontends)
-                body = await exposition(self._registry, self._peers)
+                body, headers["Content-Type"] = await exposition(self._registry, self._peers, headers.pop("Accept"))
         except (TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ConnectionError):
             writer.close()
             return
@@ -72,7 +73,8 @@ class MetricsServer:
             writer.close()
 
     def _answer(self, head: str) -> tuple[str, dict[str, str], bytes | None]:
-        """Status, headers and body; body None: the exposition, once the request passed the checks."""
+        """Status, headers and body; body None: the exposition, once the request passed the checks (the
+        headers then hold the scraper's Accept, which chooses between OpenMetrics and Prometheus text)."""
         request_line, *header_lines = head.split("\r\n")
         method, _, rest = request_line.partition(" ")
         path = rest.partition(" ")[0].partition("?")[0]
@@ -90,4 +92,6 @@ class MetricsServer:
                 return "403 Forbidden", {"Content-Type": "text/plain"}, (e.message + "\n").encode()
             return "401 Unauthorized", {"WWW-Authenticate": "Bearer", "Content-Type": "text/plain"}, \
                 (e.message + "\n").encode()
-        return "200 OK", {"Content-Type": CONTENT_TYPE_LATEST}, b"" if method == "HEAD" else None
+        if method == "HEAD":
+            return "200 OK", {"Content-Type": choose_encoder(fields.get("accept", ""))[1]}, b""
+        return "200 OK", {"Accept": fields.get("accept", "")}, None  # the scraper's, to choose the format

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import secrets
 import time
 from collections.abc import Awaitable, Callable
 from functools import partial
@@ -16,6 +15,7 @@ from gateway.cpu_pool import INLINE_JSON_BYTES, Renderer
 from gateway.drain import Drain, shutting_down
 from gateway.http.error_handlers import error_bytes
 from gateway.limits import BodyTooLarge, check_json_depth, read_body
+from gateway.telemetry import context
 
 log = logging.getLogger("sluice.access")
 
@@ -31,7 +31,9 @@ _DRAIN_PASS_THROUGH = frozenset({"/health", "/metrics"})  # probes and scrapes g
 
 class SluiceMiddleware:
     """The outermost layer: refuses more than `max_inflight` concurrent requests (503),
-    echoes X-Request-Id, answers an exception that escapes before the response started
+    makes the request's context current (`gateway.telemetry.context`: its request id, the client's
+    well-formed X-Request-Id or a fresh one, sent back as X-Request-Id on every response, and its
+    trace parent), answers an exception that escapes before the response started
     with a 500 in the route's protocol, and logs one line per request: method, path,
     status, duration and body size, never the body."""
 
@@ -50,7 +52,8 @@ class SluiceMiddleware:
             return
         if self._frontend is not None:
             send = partial(_named, send, self._frontend)
-        request_id = _header(scope, b"x-request-id") or secrets.token_hex(16)  # uuid4().hex's shape, cheaper
+        ctx = _context(scope)
+        request_id = ctx.request_id
         t0 = time.monotonic()
         status = {"code": 0}
         seen: dict[str, Any] = {"request_id": request_id}
@@ -70,6 +73,7 @@ class SluiceMiddleware:
 
         scope.setdefault("state", {})  # where the inner layers leave what the access log reports
         self.inflight += 1
+        token = context.enter(ctx)  # every log line until the access line carries its ids
         try:
             if self.inflight > self.max_inflight:
                 raise SluiceError(f"The server is handling {self.max_inflight} requests; retry later.",
@@ -88,6 +92,7 @@ class SluiceMiddleware:
         finally:
             self.inflight -= 1
             self._finished(scope, status["code"] or 500, t0, seen)
+            context.leave(token)
 
     def _finished(self, scope: Scope, code: int, t0: float, seen: dict[str, Any]) -> None:
         route = scope.get("route")
@@ -109,6 +114,27 @@ async def _named(send: Send, header: tuple[bytes, bytes], message: Message) -> N
     if message["type"] == "http.response.start":
         message = {**message, "headers": [*message.get("headers", []), header]}
     await send(message)
+
+
+def _context(scope: Scope) -> context.RequestContext:
+    """The request's context from its X-Request-Id, traceparent and tracestate headers. Several
+    request ids or traceparents make it invalid (ignored); several tracestates are one list."""
+    found: dict[bytes, list[bytes]] = {}
+    for key, value in scope.get("headers", ()):
+        key = key.lower()
+        if key in _CONTEXT_HEADERS:
+            found.setdefault(key, []).append(value)
+
+    def one(name: bytes) -> str | None:
+        values = found.get(name, [])
+        return values[0].decode("latin-1") if len(values) == 1 else None
+
+    states = found.get(b"tracestate")
+    return context.from_headers(one(b"x-request-id"), one(b"traceparent"),
+                                b",".join(states).decode("latin-1") if states else None)
+
+
+_CONTEXT_HEADERS = frozenset({b"x-request-id", b"traceparent", b"tracestate"})
 
 
 def _header(scope: Scope, name: bytes) -> str | None:

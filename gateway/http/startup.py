@@ -41,6 +41,8 @@ _STATIC_WORKER_DEADLINE_S = 900.0  # workers listed at start may still be loadin
 async def lifespan(state: AppState, llm_specs: list[LLMSpec] | None) -> AsyncIterator[None]:
     """`llm_specs` overrides the LLMs of the repository (worker mode)."""
     _announce_access(state)
+    if state.loop_lag is not None:
+        state.loop_lag.start()
     await state.security.quotas.start()
     frontend = frontend_env()
     task: asyncio.Task[None] | None = None
@@ -113,6 +115,8 @@ async def _shutdown(state: AppState, discovery: K8sDiscovery | None, grpc_server
     if state.peers is not None:
         await state.peers.stop()
     await asyncio.to_thread(state.llm.tracing.shutdown)  # flushes buffered spans
+    if state.loop_lag is not None:
+        await state.loop_lag.stop()
     heap.thaw()  # what shutdown dropped can be collected (an app run inside a larger process)
 
 

@@ -51,6 +51,8 @@ class Dispatch:
     # Called once by close() with the completion tokens of all choices (per-key token quotas).
     on_close: Callable[[int], None] | None = None
     trace: RequestTrace = NO_TRACE  # OpenTelemetry spans of this request (gateway.llm.tracing), if tracing
+    # The latency histograms' exemplar: the request's trace, when one is recorded (OpenMetrics scrapes).
+    exemplar: dict[str, str] | None = None
     _closed: bool = False
     _interrupted: SluiceError | None = None
     _wake: asyncio.Event | None = None  # set by interrupt(); made only while waiting for admission
@@ -69,11 +71,12 @@ class Dispatch:
         first = self.choices[0]
         return first.targets[first.current].name
 
-    def headers(self, client_request_id: str | None) -> dict[str, str]:
+    def headers(self) -> dict[str, str]:
         """Routing headers of the first choice. A streaming response sends them before
         generation starts, so after a failover they name the first-ranked worker; a
-        non-streaming response builds them at the end and names the one that served."""
-        h = {"X-Sluice-Worker": self.worker, "X-Request-Id": client_request_id or self.request_id}
+        non-streaming response builds them at the end and names the one that served.
+        (X-Request-Id is the middleware's, on every response.)"""
+        h = {"X-Sluice-Worker": self.worker}
         first = self.choices[0].targets[0]
         # Lets clients compare the router's prediction with the engine's
         # usage.prompt_tokens_details.cached_tokens, request by request.
@@ -99,7 +102,7 @@ class Dispatch:
             with self.trace.admission():
                 await self._admitted()
             gauge_admission(self.metrics, self.model)
-            self.metrics.queue_time.labels(self.model.name).observe(time.monotonic() - t0)
+            self.metrics.queue_time.labels(self.model.name).observe(time.monotonic() - t0, self.exemplar)
             async with aclosing(merge([self._run(c) for c in self.choices])) as merged:
                 async for item in merged:
                     if self._interrupted is not None:
@@ -163,11 +166,11 @@ class Dispatch:
                     choice.current += 1
                     self._open(choice)
         finally:
-            self.metrics.e2e.labels(self.model.name).observe(time.monotonic() - t0)
+            self.metrics.e2e.labels(self.model.name).observe(time.monotonic() - t0, self.exemplar)
 
     async def _attempt(self, choice: _Choice, t0: float) -> AsyncGenerator[Delta, None]:
         target = choice.targets[choice.current]
-        clock = StreamClock(self.metrics, self.model.name, t0)
+        clock = StreamClock(self.metrics, self.model.name, t0, self.exemplar)
         # Only worker faults count against a worker (circuit breaker): not a client
         # that went away, nor a request the engine rightly refused.
         fault = False
@@ -237,6 +240,8 @@ def start_dispatch(metrics: LLMMetrics, model: LLMModel, requests: list[EngineRe
                    trace: RequestTrace = NO_TRACE) -> Dispatch:
     d = Dispatch(metrics, model, [_Choice(r, t) for r, t in zip(requests, ranked, strict=True)], ticket,
                  request_id, trace=trace)
+    if trace.sampled and trace.trace_id is not None:
+        d.exemplar = {"trace_id": trace.trace_id}
     d.open_first_attempts()
     gauge_admission(metrics, model)
     return d

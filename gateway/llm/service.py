@@ -24,6 +24,8 @@ from gateway.llm.params import GenerationParams, check, sampling_for
 from gateway.llm.registry import LLMModel, ModelRegistry
 from gateway.llm.targets import LocalBackend, RouteHints
 from gateway.llm.tracing import Tracing
+from gateway.telemetry.context import RequestContext
+from gateway.telemetry.context import current as current_request
 
 # (key id, client cache_salt) -> the salt engine requests carry: the tenant's prefix-cache namespace.
 SaltFor = Callable[[str | None, str | None], str | None]
@@ -54,6 +56,9 @@ class GenerateCall:
     key_id: str | None = None
     # The edge takes runs of plain text as JSON (`EngineRequest.text_json`): streamed OpenAI responses.
     text_json: bool = False
+    # The HTTP request this call serves (its X-Request-Id and the caller's trace parent): by default the
+    # one being handled (gateway.telemetry.context); None outside one (gRPC).
+    context: RequestContext | None = field(default_factory=current_request)
 
 
 class LLMService:
@@ -88,7 +93,11 @@ class LLMService:
         prompt_tokens = sum(len(p.token_ids) for p in call.prompts)
         if key_id is not None and meter is not None:
             await meter.reserve_tokens(key_id, prompt_tokens)
-        trace = self.tracing.begin(call.model.name, call.request_id, prompt_tokens, len(requests))
+        ctx = call.context
+        trace = self.tracing.begin(call.model.name, ctx.request_id if ctx else call.request_id, call.request_id,
+                                   prompt_tokens, len(requests), ctx.parent if ctx else None)
+        if ctx is not None and trace.trace_id is not None:
+            ctx.trace_id = trace.trace_id  # the log lines that follow, the access line included, carry it
         try:
             with trace.routing():
                 ranked = [call.model.backend.rank(r, call.hints) for r in requests]
@@ -134,5 +143,6 @@ class LLMService:
                 sampling = sampling_for(call.model, call.params, len(prompt.token_ids), seed_offset=i)
                 rid = f"{call.request_id}-{p}-{i}"
                 out.append(EngineRequest(rid, call.model.name, prompt.token_ids, sampling, kind=call.kind,
-                                         chat_body=call.chat_body, cache_salt=salt, text_json=call.text_json))
+                                         chat_body=call.chat_body, cache_salt=salt, text_json=call.text_json,
+                                         api_request_id=call.context.request_id if call.context else None))
         return out

@@ -1,8 +1,10 @@
 """An optional OpenTelemetry trace per LLM request (`--otlp-endpoint URL`).
 
-One trace per API request that reaches the LLM layer:
+One trace per API request that reaches the LLM layer, or the caller's trace continued when the
+request brought a valid W3C `traceparent` (`gateway.telemetry.context`): `llm.request` is then a
+child of the caller's span, and the caller's `tracestate` travels on to the worker.
 
-    llm.request        from `LLMService.dispatch` to `Dispatch.close` (model, request id, tokens)
+    llm.request        from `LLMService.dispatch` to `Dispatch.close` (model, request ids, tokens)
     ├── llm.route      ranking the workers of every engine request (policy reason, worker)
     ├── llm.admission  waiting for an admission ticket (max_running / max_queued)
     └── llm.engine     one per attempt (a failover adds one): worker, first token, finish reason;
@@ -17,7 +19,8 @@ The hooks are a few calls in `gateway/llm/service.py` and `dispatch.py`. Spans a
 with an explicit parent and ended explicitly, never attached to the current context: the
 engine span lives in an async generator that may be closed from another task (a client that
 disconnects), where a context token could not be detached. With tracing off every hook is a
-no-op on `NO_TRACE`.
+no-op on `NO_TRACE`, except that a caller's trace context is passed on to the worker unchanged
+(`_PassThrough`), so the worker's spans still join the caller's trace.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from contextlib import asynccontextmanager, contextmanager
 from typing import TYPE_CHECKING, Any
 
 from engines.base import Delta, EngineRequest
+from gateway.telemetry.context import TraceParent
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace import TracerProvider
@@ -40,6 +44,16 @@ if TYPE_CHECKING:
 
 class RequestTrace:
     """The spans of one request; this base class is the no-op used when tracing is off."""
+
+    @property
+    def trace_id(self) -> str | None:
+        """The request's trace (32 hex digits), when it has one."""
+        return None
+
+    @property
+    def sampled(self) -> bool:
+        """Whether the trace is recorded (by this gateway, or by the caller that sampled it)."""
+        return False
 
     def routing(self) -> Any:
         """A context manager around ranking."""
@@ -106,10 +120,13 @@ class Tracing:
     def enabled(self) -> bool:
         return self._tracer is not None
 
-    def begin(self, model: str, request_id: str, prompt_tokens: int, choices: int) -> RequestTrace:
+    def begin(self, model: str, request_id: str, response_id: str, prompt_tokens: int, choices: int,
+              parent: TraceParent | None = None) -> RequestTrace:
+        """`request_id` is the request's X-Request-Id, `response_id` the body's `id`; `parent` the caller's."""
         if self._tracer is None:
-            return NO_TRACE
-        return _LiveTrace(self._tracer, model, request_id, prompt_tokens, choices)
+            return NO_TRACE if parent is None else _PassThrough(parent)
+        return _LiveTrace(self._tracer, parent, model=model, request_id=request_id, response_id=response_id,
+                          prompt_tokens=prompt_tokens, choices=choices)
 
     def shutdown(self) -> None:
         """Flush what is buffered and stop the exporter (at server shutdown)."""
@@ -136,14 +153,43 @@ def _provider(endpoint: str, version: str) -> TracerProvider:
     return provider
 
 
+class _PassThrough(RequestTrace):
+    """Tracing off, and the caller sent a trace context: the worker gets it unchanged."""
+
+    def __init__(self, parent: TraceParent) -> None:
+        self._parent = parent
+
+    @property
+    def trace_id(self) -> str | None:
+        return self._parent.trace_id
+
+    @property
+    def sampled(self) -> bool:
+        return bool(self._parent.flags & 0x01)
+
+    def engine_call(self, target: Target, request: EngineRequest) -> Any:
+        return EngineCall(dataclasses.replace(request, trace_headers=self._parent.headers()))
+
+
 class _LiveTrace(RequestTrace):
-    def __init__(self, tracer: Tracer, model: str, request_id: str, prompt_tokens: int, choices: int) -> None:
+    def __init__(self, tracer: Tracer, parent: TraceParent | None, *, model: str, request_id: str,
+                 response_id: str, prompt_tokens: int, choices: int) -> None:
+        from opentelemetry import trace
+
         self._tracer = tracer
-        self._root = tracer.start_span("llm.request", attributes={
-            "gen_ai.request.model": model, "sluice.request_id": request_id,
+        self._root = tracer.start_span("llm.request", context=_remote(parent), kind=trace.SpanKind.SERVER, attributes={
+            "gen_ai.request.model": model, "sluice.request_id": request_id, "gen_ai.response.id": response_id,
             "gen_ai.usage.input_tokens": prompt_tokens, "sluice.choices": choices})
         self._route: Span | None = None
         self._ended = False
+
+    @property
+    def trace_id(self) -> str | None:
+        return format(self._root.get_span_context().trace_id, "032x")
+
+    @property
+    def sampled(self) -> bool:
+        return bool(self._root.get_span_context().trace_flags.sampled)
 
     def _child(self, name: str, **kwargs: Any) -> Span:
         from opentelemetry import trace
@@ -224,6 +270,19 @@ def _ended(span: Span) -> Iterator[Span]:
         raise
     finally:
         span.end()
+
+
+def _remote(parent: TraceParent | None) -> Any:
+    """The OpenTelemetry context whose current span is the caller's (None: a new trace)."""
+    if parent is None:
+        return None
+    from opentelemetry import trace
+    from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags, TraceState
+
+    state = TraceState.from_header([parent.tracestate]) if parent.tracestate else None
+    caller = SpanContext(int(parent.trace_id, 16), int(parent.span_id, 16), is_remote=True,
+                         trace_flags=TraceFlags(parent.flags), trace_state=state)
+    return trace.set_span_in_context(NonRecordingSpan(caller))
 
 
 def _record(span: Span, error: BaseException) -> None:

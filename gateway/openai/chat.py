@@ -45,13 +45,12 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
                         key_id=key_id_of(request), text_json=bool(body.stream and st.settings.relay_splice
                                                                  and not body.logprobs))
     d = await st.llm.dispatch(call)
-    client_id = request.headers.get("x-request-id")
     if body.stream:
-        return sse(stream_chunks(d, body), ping_s=st.settings.sse_ping_s, headers=d.headers(client_id),
+        return sse(stream_chunks(d, body), ping_s=st.settings.sse_ping_s, headers=d.headers(),
                    on_close=d.close)
     try:
         result = await unless_disconnected(request, collect(d))
-        return JSONResponse(result, headers=d.headers(client_id))
+        return JSONResponse(result, headers=d.headers())
     finally:
         d.close()
 

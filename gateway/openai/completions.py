@@ -44,13 +44,12 @@ async def completions(body: CompletionRequest, request: Request) -> Response:
                         hints=hints_from(request), key_id=key_id_of(request),
                         text_json=bool(body.stream and st.settings.relay_splice and body.logprobs is None))
     d = await st.llm.dispatch(call)
-    client_id = request.headers.get("x-request-id")
     if body.stream:
         return sse(stream_chunks(d, body, prompts), ping_s=st.settings.sse_ping_s,
-                   headers=d.headers(client_id), on_close=d.close)
+                   headers=d.headers(), on_close=d.close)
     try:
         result = await unless_disconnected(request, collect(d, body, prompts))
-        return JSONResponse(result, headers=d.headers(client_id))
+        return JSONResponse(result, headers=d.headers())
     finally:
         d.close()
 

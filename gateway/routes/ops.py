@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
-from prometheus_client import CONTENT_TYPE_LATEST
 
 from gateway import __version__
 from gateway.app_state import state_of
@@ -44,4 +43,5 @@ async def version() -> JSONResponse:
 @router.get("/metrics")
 async def metrics(request: Request) -> Response:
     st = state_of(request)
-    return Response(await exposition(st.registry, st.peers), media_type=CONTENT_TYPE_LATEST)
+    body, content_type = await exposition(st.registry, st.peers, request.headers.get("accept", ""))
+    return Response(body, headers={"Content-Type": content_type})

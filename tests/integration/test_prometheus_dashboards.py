@@ -143,6 +143,8 @@ def test_every_family_has_help_and_a_unit(stack: Stack) -> None:
     for exposed, (kind, help_text) in families.items():
         if exposed.startswith("nv_inference_"):
             continue  # Triton's names and units, kept for Triton's dashboards (docs/observability.md)
+        if exposed.startswith(("process_", "python_")):
+            continue  # prometheus_client's standard process and GC collectors, under their usual names
         if exposed.endswith("_created") and kind == "gauge":
             continue  # prometheus_client's creation timestamp of a counter or histogram family
         assert exposed.startswith("sluice_"), exposed

@@ -85,7 +85,8 @@ def _models(gateway: Server) -> list[str]:
 
 
 def _trace_of(spans: list[ReceivedSpan], request_id: str) -> list[ReceivedSpan]:
-    roots = [s for s in spans if s.name == "llm.request" and request_id in str(s.attributes.get("sluice.request_id"))]
+    """The trace of the response whose body `id` is `request_id`."""
+    roots = [s for s in spans if s.name == "llm.request" and s.attributes.get("gen_ai.response.id") == request_id]
     if not roots:
         return []
     return [s for s in spans if s.trace_id == roots[0].trace_id]

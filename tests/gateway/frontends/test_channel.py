@@ -7,10 +7,11 @@ import json
 from pathlib import Path
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.openmetrics.parser import text_string_to_metric_families as openmetrics_families
 from prometheus_client.parser import text_string_to_metric_families
 
 from engines.classic.stats import ModelStats, merge_snapshots, snapshot_from_dict, snapshot_to_dict
-from gateway.frontends.channel import Peers, merge_expositions
+from gateway.frontends.channel import Peers, exposition, merge_expositions
 
 
 def _registry(requests: float, queue: float, latencies: list[float]) -> bytes:
@@ -112,3 +113,42 @@ async def test_a_registration_outliving_the_askers_timeout_is_applied_whole(tmp_
         assert steps == ["models registered", "worker added"]
     finally:
         await asked.stop()
+
+
+OPENMETRICS = "application/openmetrics-text;version=1.0.0,text/plain;version=0.0.4;q=0.5,*/*;q=0.1"  # Prometheus's
+
+
+def test_an_openmetrics_scrape_merges_with_its_exemplars_and_one_eof(tmp_path: Path) -> None:
+    """A scraper that asks for OpenMetrics gets it from every frontend, exemplars kept under their samples."""
+    async def scenario() -> tuple[bytes, str]:
+        registries = []
+        for index in range(2):
+            registry = CollectorRegistry()
+            h = Histogram("demo_seconds", "Latency.", ["model"], buckets=(0.1, 1.0), registry=registry)
+            h.labels(model="m").observe(0.05 + index, {"trace_id": f"{index:032x}"})
+            registries.append(registry)
+        me, sibling = Peers(tmp_path, 0, 2, registries[0], None), Peers(tmp_path, 1, 2, registries[1], None)
+        await me.start()
+        await sibling.start()
+        try:
+            return await exposition(registries[0], me, OPENMETRICS)
+        finally:
+            await me.stop()
+            await sibling.stop()
+
+    body, content_type = asyncio.run(scenario())
+    text = body.decode()
+    assert content_type.startswith("application/openmetrics-text")
+    assert text.endswith("# EOF\n") and text.count("# EOF") == 1
+    families = list(openmetrics_families(text))  # parses, EOF included, or raises
+    buckets = {(s.labels["frontend"], s.labels["le"]): s for f in families for s in f.samples
+               if s.name == "demo_seconds_bucket"}
+    assert buckets[("0", "0.1")].exemplar.labels == {"trace_id": f"{0:032x}"}
+    assert buckets[("1", "+Inf")].exemplar.labels == {"trace_id": f"{1:032x}"}
+
+
+def test_a_plain_scrape_stays_prometheus_text(tmp_path: Path) -> None:
+    registry = CollectorRegistry()
+    Histogram("demo_seconds", "Latency.", registry=registry).observe(0.5, {"trace_id": "ab" * 16})
+    body, content_type = asyncio.run(exposition(registry, None, ""))
+    assert content_type.startswith("text/plain") and b"# {" not in body and b"# EOF" not in body

@@ -47,6 +47,7 @@ class FakeEngine:
         self.name = name
         self.script = list(script)
         self.requests: list[str] = []
+        self.seen: list[EngineRequest] = []  # the requests themselves, as sent
         self.aborted: list[str] = []
         self.ended: list[str] = []
         self.hanging = asyncio.Event()  # set when a request reaches HANG
@@ -61,6 +62,7 @@ class FakeEngine:
     async def generate(self, request: EngineRequest) -> AsyncGenerator[Delta, None]:
         rid = request.request_id
         self.requests.append(rid)
+        self.seen.append(request)
         aborted = self._aborts.setdefault(rid, asyncio.Event())
         try:
             for step in self.script:

@@ -15,6 +15,7 @@ from gateway.llm.admission import AdmissionConfig
 from gateway.llm.metrics import LLMMetrics
 from gateway.llm.params import GenerationParams
 from gateway.llm.service import GenerateCall, LLMService, Prompt
+from gateway.telemetry import context
 from tests.gateway.llm.fakes import (
     HANG,
     FakeBackend,
@@ -167,3 +168,26 @@ async def test_interrupt_all_ends_only_live_dispatches() -> None:
         await asyncio.wait_for(task, _STUCK_S)
     assert w.quota.committed == [("k", len(PROMPT), 0), ("k", len(PROMPT), 1)]
     assert len(w.hooks.finishes()) == 2
+
+
+async def test_the_requests_id_and_its_callers_trace_reach_every_engine_request_with_tracing_off() -> None:
+    w = World([FakeEngine("w1", tokens("a"))])
+    parent = f"00-{'ab' * 16}-{'cd' * 8}-01"
+    token = context.enter(context.from_headers("client-7", parent, "k=v"))
+    try:
+        call = w.call([1, 2], [3, 4], n=2)  # made while the request is current: it takes its context
+    finally:
+        context.leave(token)
+    d = await w.service.dispatch(call)
+    await drain(d)
+    seen = w.engines[0].seen
+    assert sorted(r.request_id for r in seen) == ["req-0-0", "req-0-1", "req-1-0", "req-1-1"]  # unique
+    assert {r.api_request_id for r in seen} == {"client-7"}  # what the worker is sent as X-Request-Id
+    assert all(r.trace_headers == {"traceparent": parent, "tracestate": "k=v"} for r in seen)
+
+
+async def test_outside_a_request_the_engine_id_is_sent_and_no_trace() -> None:
+    w = World([FakeEngine("w1", tokens("a"))])
+    await drain(await w.service.dispatch(w.call()))
+    (request,) = w.engines[0].seen
+    assert request.api_request_id is None and request.trace_headers is None
