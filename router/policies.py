@@ -80,22 +80,24 @@ def _degraded(views: Sequence[WorkerView], tie_key: str | int, n: int) -> list[C
 
 
 def _ordered(scored: list[tuple[float, int, WorkerView]], tie_key: str | int,
-             tolerance: float) -> list[tuple[float, int, WorkerView]]:
+             tolerance: float, fewest_running: bool = False) -> list[tuple[float, int, WorkerView]]:
     """Cheapest first. Workers whose cost is within `tolerance` (relative) of the cheapest are a tie:
     a difference smaller than the cost model's own error says nothing. Ties go to the worker with
     more cached tokens, then to the one with the fewest prefill tokens queued (dispatched, no first
     token yet: a request sent there waits for them, however the model prices them), then to the
     one that was sent the least prefill work so far (so that work spreads evenly where latency
     does not care, instead of piling onto whichever looks a hair cheaper), then to a rendezvous
-    hash of `tie_key`. The rest follow by cost."""
+    hash of `tie_key`. With `fewest_running` (least_load: the policy *is* the load), the one running
+    the fewest requests comes before the work-sent-so-far rule: a count every frontend and replica
+    shares, where work sent so far is this process's own. The rest follow by cost."""
     if not scored:
         return scored
     best = min(t[0] for t in scored)
     bound = best + tolerance * abs(best)
     head = [t for t in scored if t[0] <= bound]
     rest = [t for t in scored if t[0] > bound]
-    head.sort(key=lambda t: (t[1], t[2].load.queued_prefill_tokens, assigned_s(t[2]),
-                             -rendezvous_score(tie_key, t[2].name)))
+    head.sort(key=lambda t: (t[1], t[2].load.queued_prefill_tokens, t[2].load.requests if fewest_running else 0,
+                             assigned_s(t[2]), -rendezvous_score(tie_key, t[2].name)))
     rest.sort(key=lambda t: (t[0], t[1]))
     return head + rest
 
@@ -143,7 +145,8 @@ def rank_least_load(views: Sequence[WorkerView], prompt_tokens: int, tie_key: st
     scored = [(view_ttft(v, prompt_tokens, cached=0), 0, v) for v in ok]
     return [Candidate(v.name, v.predicted_cached_tokens, cost, "least_load",
                       cost if v.predicted_cached_tokens == 0 else view_ttft(v, prompt_tokens))
-            for cost, _, v in _ordered(scored, tie_key, tolerance)] + _degraded(bad, tie_key, prompt_tokens)
+            for cost, _, v in _ordered(scored, tie_key, tolerance, fewest_running=True)] \
+        + _degraded(bad, tie_key, prompt_tokens)
 
 
 def rank_round_robin(views: Sequence[WorkerView], prompt_tokens: int, turn: int) -> list[Candidate]:

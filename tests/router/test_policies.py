@@ -188,16 +188,23 @@ def test_with_nothing_worth_caching_anywhere_prefix_ranks_as_least_load():
 def test_among_ties_a_worker_with_a_prefill_queued_comes_last():
     # A model whose error is large (tolerance 0.9) calls all three a tie; each was sent the same
     # prefill so far. A request sent where a prefill is queued waits for it, so that worker must
-    # come last whatever the prompt; the idle and the decoding one are a tie (spread by the hash).
+    # come last whatever the prompt. For prefix the idle and the decoding one are a tie (spread by
+    # the hash); least_load takes the one running fewer requests (a count the frontends share, where
+    # work sent so far is each one's own: two frontends would otherwise pile onto each other's).
     model = TtftModel(latency_s=1.0, running_s=1e-3, token_s=1e-4, pair_s=0.0)
     workers = [view("queued", model=model, in_flight=1, queued_prefill_tokens=1000, assigned_prefill_tokens=1000),
                view("decoding", model=model, in_flight=1, assigned_prefill_tokens=1000),
                view("idle", model=model, assigned_prefill_tokens=1000)]
-    for policy in ("prefix", "least_load"):
+    for policy, first in (("prefix", {"idle", "decoding"}), ("least_load", {"idle"})):
         orders = {tuple(names(rank(policy, workers, prompt_tokens=1000, tie_key=k, tolerance=0.9)))
                   for k in range(40)}
         assert {o[-1] for o in orders} == {"queued"}, policy
-        assert {o[0] for o in orders} == {"idle", "decoding"}, policy
+        assert {o[0] for o in orders} == first, policy
+    # ... before the work sent so far, for least_load alone.
+    busy = [view("busy", model=model, in_flight=3), view("sent", model=model, assigned_prefill_tokens=5000)]
+    assert {rank("least_load", busy, prompt_tokens=10, tie_key=k, tolerance=0.9)[0].worker for k in range(20)} \
+        == {"sent"}
+    assert {rank("prefix", busy, prompt_tokens=10, tie_key=k, tolerance=0.9)[0].worker for k in range(20)} == {"busy"}
     # Fewer tokens queued come first, and work sent so far still spreads the rest.
     two = [view("more", model=model, queued_prefill_tokens=900), view("less", model=model, queued_prefill_tokens=100)]
     assert {rank("prefix", two, prompt_tokens=10, tie_key=k, tolerance=0.9)[0].worker for k in range(20)} == {"less"}
