@@ -3,7 +3,10 @@
 Built with Grafana's own dashboard SDK (grafana-foundation-sdk, Apache-2.0, the build for
 Grafana 11.6: schemaVersion 41). Every dashboard picks its Prometheus through a data-source
 template variable (`${datasource}`), so it imports as it is: no `__inputs`, nothing to edit.
-Per-model and per-worker variables are `label_values` queries, multi-valued with "All".
+Then `$namespace` and `$job`, from a series every target the dashboard reads exports (its
+anchor), and every query filters on both (`SCOPE`), so that two deployments scraped by one
+Prometheus do not add up. Per-model and per-worker variables follow, each narrowed by the ones
+before it. All are `label_values` queries, multi-valued with "All".
 
 The JSON files are committed; tests/deploy/test_dashboards.py checks they are what this
 script writes, and tests/integration/test_prometheus_dashboards.py runs every query against a
@@ -28,6 +31,7 @@ from grafana_foundation_sdk.models import dashboard as dm
 HERE = Path(__file__).resolve().parent
 DS = dm.DataSourceRef(type_val="prometheus", uid="${datasource}")
 RATE = "$__rate_interval"
+SCOPE = 'namespace=~"$namespace", job=~"$job"'
 
 
 def query(expr: str, legend: str = "") -> prometheus.Dataquery:
@@ -58,15 +62,22 @@ def quantiles(metric: str, by: str, selector: str, qs: tuple[float, ...] = (0.5,
              f"p{round(q * 100)}" + (f" {{{{{by}}}}}" if by else "")) for q in qs]
 
 
-def variable(name: str, label: str, expr: str) -> d.QueryVariable:
+def variable(name: str, label: str, metric: str, scope: str = SCOPE) -> d.QueryVariable:
+    """`$name`: the values of the label `name` on `metric`, among the series `scope` selects (the
+    variables before it, so that picking a namespace narrows the jobs, and so on)."""
+    expr = f"label_values({metric}{{{scope}}}, {name})" if scope else f"label_values({metric}, {name})"
     return (d.QueryVariable(name).label(label).datasource(DS).query(expr).multi(True).include_all(True)
             .refresh(dm.VariableRefresh.ON_TIME_RANGE_CHANGED).sort(dm.VariableSort.ALPHABETICAL_ASC))
 
 
-def dashboard(uid: str, title: str, description: str, *variables: d.QueryVariable) -> d.Dashboard:
+def dashboard(uid: str, title: str, description: str, anchor: str, *variables: d.QueryVariable) -> d.Dashboard:
+    """A dashboard with its data-source, `$namespace` and `$job` variables (the values of `anchor`,
+    a series every target it reads exports), then `variables`."""
     board = (d.Dashboard(title).uid(uid).description(description).tags(["sluice"]).refresh("30s")
              .time("now-1h", "now").timezone("browser").tooltip(dm.DashboardCursorSync.CROSSHAIR)
-             .with_variable(d.DatasourceVariable("datasource").label("Prometheus").type("prometheus")))
+             .with_variable(d.DatasourceVariable("datasource").label("Prometheus").type("prometheus"))
+             .with_variable(variable("namespace", "Namespace", anchor, scope=""))
+             .with_variable(variable("job", "Job", anchor, scope='namespace=~"$namespace"')))
     for v in variables:
         board = board.with_variable(v)
     return board

@@ -1,27 +1,31 @@
 """The four dashboards (built by build.py): LLM overview, routing and cache, classic models,
 workers and health. Each panel's queries are plain PromQL over the series in
-docs/observability.md; `$model` / `$worker` are the dashboards' multi-valued variables."""
+docs/observability.md, every selector filtered by `$namespace` and `$job` (S); `$model` /
+`$worker` are the dashboards' other multi-valued variables. The vLLM engine dashboard is in
+vllm_engine.py."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-from build import RATE, dashboard, quantiles, series, single, variable, with_panels
+from build import RATE, SCOPE, dashboard, quantiles, series, single, variable, with_panels
 from grafana_foundation_sdk.builders.dashboard import Dashboard
 
-M = 'model=~"$model"'
-W = 'worker=~"$worker"'
+GATEWAY = "sluice_event_loop_lag_last_seconds"  # on every gateway's /metrics, from its start
+S = SCOPE
+M = S + ', model=~"$model"'
+W = S + ', worker=~"$worker"'
 
 
-def _rate(metric: str, selector: str = "", by: str = "") -> str:
+def _rate(metric: str, selector: str = S, by: str = "") -> str:
     group = f" by ({by})" if by else ""
     return f"sum{group} (rate({metric}{{{selector}}}[{RATE}]))"
 
 
 def llm_overview() -> Dashboard:
     board = dashboard("sluice-llm-overview", "Sluice / LLM overview",
-                      "LLM traffic through the gateway: requests, latency, tokens, errors.",
-                      variable("model", "Model", "label_values(sluice_time_to_first_token_seconds_count, model)"))
+                      "LLM traffic through the gateway: requests, latency, tokens, errors.", GATEWAY,
+                      variable("model", "Model", "sluice_time_to_first_token_seconds_count"))
     five_xx = _rate("sluice_requests_total", M + ',status=~"5.."')
     errors_5xx = f'({five_xx} or vector(0)) / {_rate("sluice_requests_total", M)}'
     return with_panels(board, [
@@ -62,29 +66,29 @@ def llm_overview() -> Dashboard:
 def routing_cache() -> Dashboard:
     board = dashboard("sluice-routing-cache", "Sluice / Routing and cache",
                       "The router: cache-hit predictions against the engines' reports, decisions, load, KV events.",
-                      variable("worker", "Worker", "label_values(sluice_router_worker_healthy, worker)"))
-    predicted, reported = (_rate("sluice_router_predicted_cached_tokens_total"),
-                           _rate("sluice_router_reported_cached_tokens_total"))
+                      GATEWAY, variable("worker", "Worker", "sluice_router_worker_healthy"))
+    predicted, reported = (_rate("sluice_router_predicted_cached_tokens_total", S),
+                           _rate("sluice_router_reported_cached_tokens_total", S))
     return with_panels(board, [
         ("Prefix cache: predicted against reported", [
             series("Cached prompt tokens/s", "short", (predicted, "predicted by the router"),
                    (reported, "reported by the engines"),
                    description="Over the same requests: those whose engine reported cached tokens."),
             series("Prefix-cache hit rate (share of prompt tokens)", "percentunit",
-                   (f'{_rate("sluice_cached_prompt_tokens_total", "", "model")} / '
-                    f'{_rate("sluice_prompt_tokens_total", "", "model")}', "reported {{model}}"),
+                   (f'{_rate("sluice_cached_prompt_tokens_total", S, "model")} / '
+                    f'{_rate("sluice_prompt_tokens_total", S, "model")}', "reported {{model}}"),
                    (f"{predicted} / {reported}", "predicted ÷ reported (1 = exact)")),
             series("Prediction outcomes", "short",
-                   (_rate("sluice_router_predictions_total", "", "outcome"), "{{outcome}}")),
+                   (_rate("sluice_router_predictions_total", S, "outcome"), "{{outcome}}")),
             series("Prediction accuracy and error", "short",
-                   ("max(sluice_router_prediction_accuracy_ratio)", "within one block (ratio)"),
-                   *quantiles("sluice_router_cached_tokens_abs_error_tokens", "", "", (0.5, 0.9))),
+                   (f"max(sluice_router_prediction_accuracy_ratio{{{S}}})", "within one block (ratio)"),
+                   *quantiles("sluice_router_cached_tokens_abs_error_tokens", "", S, (0.5, 0.9))),
         ]),
         ("Decisions and load", [
             series("Decisions by policy and reason", "short",
-                   (_rate("sluice_router_decisions_total", "", "policy, reason"), "{{policy}} {{reason}}")),
-            series("Decision time", "s", *quantiles("sluice_router_decision_seconds", "", "", (0.5, 0.99))),
-            series("Load imbalance", "short", ("max(sluice_router_load_imbalance_ratio)", "imbalance")),
+                   (_rate("sluice_router_decisions_total", S, "policy, reason"), "{{policy}} {{reason}}")),
+            series("Decision time", "s", *quantiles("sluice_router_decision_seconds", "", S, (0.5, 0.99))),
+            series("Load imbalance", "short", (f"max(sluice_router_load_imbalance_ratio{{{S}}})", "imbalance")),
             series("Predicted against actual TTFT (p90)", "s",
                    *[(q, f"predicted {legend}") for q, legend in
                      quantiles("sluice_router_predicted_ttft_seconds", "worker", W, (0.9,))],
@@ -105,8 +109,8 @@ def routing_cache() -> Dashboard:
                    (f"sum by (worker, reason) (increase(sluice_router_kv_index_resets_total{{{W}}}[{RATE}]))",
                     "reset ({{reason}}) {{worker}}")),
             series("Index size", "short", (f"max by (worker) (sluice_router_index_blocks{{{W}}})", "{{worker}}")),
-            single("Index memory (estimate)", "bytes", "sum(sluice_router_index_memory_bytes)"),
-            single("Shared state in Redis reachable", "bool", "min(sluice_router_redis_connected)"),
+            single("Index memory (estimate)", "bytes", f"sum(sluice_router_index_memory_bytes{{{S}}})"),
+            single("Shared state in Redis reachable", "bool", f"min(sluice_router_redis_connected{{{S}}})"),
         ]),
     ])
 
@@ -114,7 +118,7 @@ def routing_cache() -> Dashboard:
 def classic_models() -> Dashboard:
     board = dashboard("sluice-classic-models", "Sluice / Classic models",
                       "Triton-compatible models: Triton's own nv_inference_* panels, plus latency percentiles.",
-                      variable("model", "Model", "label_values(nv_inference_request_success, model)"))
+                      GATEWAY, variable("model", "Model", "nv_inference_request_success"))
     phases = ("request", "queue", "compute_input", "compute_infer", "compute_output")
     success = _rate("nv_inference_request_success", M, "model")
     return with_panels(board, [
@@ -142,16 +146,16 @@ def classic_models() -> Dashboard:
 def workers_health() -> Dashboard:
     board = dashboard("sluice-workers-health", "Sluice / Workers and health",
                       "Gateways, LLM workers as the router sees them, in-process engines, keys and quotas.",
-                      variable("worker", "Worker", "label_values(sluice_router_worker_healthy, worker)"))
+                      GATEWAY, variable("worker", "Worker", "sluice_router_worker_healthy"))
     return with_panels(board, [
         ("Gateways", [
-            single("Gateways up", "short", 'sum(up{job="sluice-gateway"})'),
+            single("Gateways up", "short", f"sum(up{{{S}}})"),
             single("Workers healthy", "short", f"sum(max by (worker) (sluice_router_worker_healthy{{{W}}}))"),
             series("Background task restarts", "short",
-                   (f"sum by (task, worker) (increase(sluice_background_task_restarts_total[{RATE}]))",
+                   (f"sum by (task, worker) (increase(sluice_background_task_restarts_total{{{S}}}[{RATE}]))",
                     "{{task}} {{worker}}")),
             series("In-process engine restarts", "short",
-                   (f"sum by (model, worker) (increase(sluice_engine_restarts_total[{RATE}]))", "{{model}}")),
+                   (f"sum by (model, worker) (increase(sluice_engine_restarts_total{{{S}}}[{RATE}]))", "{{model}}")),
         ]),
         ("LLM workers (the router's view)", [
             series("Healthy (1) and circuit breaker (0 closed, 1 half-open, 2 open)", "short",
@@ -169,22 +173,23 @@ def workers_health() -> Dashboard:
         ]),
         ("In-process engines", [
             series("Running and waiting", "short",
-                   ("sum by (model, worker) (sluice_engine_requests_running)", "running {{model}}"),
-                   ("sum by (model, worker) (sluice_engine_requests_waiting)", "waiting {{model}}")),
+                   (f"sum by (model, worker) (sluice_engine_requests_running{{{S}}})", "running {{model}}"),
+                   (f"sum by (model, worker) (sluice_engine_requests_waiting{{{S}}})", "waiting {{model}}")),
             series("Forward passes/s, and the share that batched", "short",
-                   (_rate("sluice_engine_steps_total", "", "model"), "steps {{model}}"),
-                   (f'{_rate("sluice_engine_batched_steps_total", "", "model")} / '
-                    f'{_rate("sluice_engine_steps_total", "", "model")}', "batched share {{model}}")),
+                   (_rate("sluice_engine_steps_total", S, "model"), "steps {{model}}"),
+                   (f'{_rate("sluice_engine_batched_steps_total", S, "model")} / '
+                    f'{_rate("sluice_engine_steps_total", S, "model")}', "batched share {{model}}")),
         ]),
         ("Keys and quotas", [
-            series("Requests by key", "reqps", (_rate("sluice_key_requests_total", "", "key_id"), "{{key_id}}")),
+            series("Requests by key", "reqps", (_rate("sluice_key_requests_total", S, "key_id"), "{{key_id}}")),
             series("Tokens by key", "short",
-                   (_rate("sluice_key_tokens_total", "", "key_id, kind"), "{{kind}} {{key_id}}")),
+                   (_rate("sluice_key_tokens_total", S, "key_id, kind"), "{{kind}} {{key_id}}")),
             series("Quota refusals and auth failures", "reqps",
-                   (_rate("sluice_key_rejections_total", "", "key_id, reason"), "{{reason}} {{key_id}}"),
-                   (_rate("sluice_auth_failures_total", "", "access"), "auth failure ({{access}})")),
+                   (_rate("sluice_key_rejections_total", S, "key_id, reason"), "{{reason}} {{key_id}}"),
+                   (_rate("sluice_auth_failures_total", S, "access"), "auth failure ({{access}})")),
             series("Redis reachable (quotas, routing)", "short",
-                   ("min(sluice_quota_redis_up)", "quotas"), ("min(sluice_router_redis_connected)", "routing")),
+                   (f"min(sluice_quota_redis_up{{{S}}})", "quotas"),
+                   (f"min(sluice_router_redis_connected{{{S}}})", "routing")),
         ]),
     ])
 

@@ -20,12 +20,22 @@ from typing import Any
 
 import httpx
 
+# `label_values(metric, label)` or `label_values(metric{matchers}, label)`; a metric name may hold
+# colons (vLLM's `vllm:*`), and the matchers name the variables before this one.
+LABEL_VALUES = re.compile(r"label_values\(([a-zA-Z_:][\w:]*)(\{[^{}]*\})?,\s*(\w+)\)")
 
-def _values(prom: str, definition: str) -> str:
-    m = re.fullmatch(r"label_values\((\w+),\s*(\w+)\)", definition)
+
+def _substitute(text: str, variables: dict[str, str]) -> str:
+    return re.sub(r"\$(\w+)", lambda m: variables.get(m.group(1), m.group(0)), text)
+
+
+def _values(prom: str, definition: str, before: dict[str, str]) -> str:
+    """The regex Grafana's "All" sends for a variable, the values of `before` in its matchers."""
+    m = LABEL_VALUES.fullmatch(definition)
     if not m:
         return ".*"
-    found = httpx.get(f"{prom}/api/v1/label/{m.group(2)}/values", params={"match[]": m.group(1)},
+    match = m.group(1) + _substitute(m.group(2) or "", before)
+    found = httpx.get(f"{prom}/api/v1/label/{m.group(3)}/values", params={"match[]": match},
                       timeout=30).json()["data"]
     escaped = [re.sub(r"([\\^$.|?*+()\[\]{}])", r"\\\\\1", v) for v in found if v]
     return "(" + "|".join(escaped) + ")" if escaped else ""
@@ -51,7 +61,10 @@ def render(prom: str, board: dict[str, Any], minutes: float, rate_interval: str,
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    variables = {v["name"]: _values(prom, v["query"]) for v in board["templating"]["list"] if v["type"] == "query"}
+    variables: dict[str, str] = {}
+    for v in board["templating"]["list"]:
+        if v["type"] == "query":
+            variables[v["name"]] = _values(prom, v["query"], variables)
     end = time.time()
     start, step = end - minutes * 60, max(1.0, minutes * 60 / 150)
     panels = [p for p in board["panels"] if p["type"] != "row"]
@@ -71,7 +84,7 @@ def render(prom: str, board: dict[str, Any], minutes: float, rate_interval: str,
         drawn = 0
         for target in panel["targets"]:
             expr = target["expr"].replace("$__rate_interval", rate_interval)
-            expr = re.sub(r"\$(\w+)", lambda m: variables.get(m.group(1), m.group(0)), expr)
+            expr = _substitute(expr, variables)
             for s in _series(prom, expr, start, end, step):
                 points = [(float(t) - end, float(v)) for t, v in s["values"] if v not in ("NaN", "+Inf", "-Inf")]
                 if not points:

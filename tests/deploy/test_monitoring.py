@@ -59,3 +59,19 @@ def test_an_alert_fires_when_no_gateway_target_exists(tmp_path: Path) -> None:
     assert _promtool_test(tmp_path, present, fires=False).returncode == 0
     wrong = _promtool_test(tmp_path, present, fires=True)  # the check can fail
     assert wrong.returncode != 0 and "SluiceGatewayAbsent" in wrong.stdout + wrong.stderr
+
+
+def test_every_target_outside_kubernetes_has_a_namespace(tmp_path: Path) -> None:
+    """The dashboards filter on `namespace`, which Kubernetes discovery gives every target;
+    deploy/prometheus/prometheus.yml must give its static targets one too, and the Prometheus
+    test's harness, which swaps the targets for its own, must keep it."""
+    from tests.integration.prometheus_support import PrometheusServer
+
+    config = yaml.safe_load((ROOT / "deploy" / "prometheus" / "prometheus.yml").read_text())
+    for job in config["scrape_configs"]:
+        for static in job["static_configs"]:
+            assert static.get("labels", {}).get("namespace"), (job["job_name"], static)
+    targets = {job["job_name"]: ["127.0.0.1:1"] for job in config["scrape_configs"]}
+    written = yaml.safe_load(PrometheusServer(tmp_path, targets).config_path.read_text())
+    for job in written["scrape_configs"]:
+        assert job["static_configs"] == [{"targets": ["127.0.0.1:1"], "labels": {"namespace": "sluice"}}]

@@ -1,8 +1,8 @@
 """A real Prometheus (Debian's `prometheus` binary) for tests, and the traffic the dashboards need.
 
-`PrometheusServer` runs deploy/prometheus/prometheus.yml with its targets replaced and its
-intervals shortened, on a free loopback port, with a throw-away TSDB. `query()` is the HTTP
-API's instant query.
+`PrometheusServer` runs deploy/prometheus/prometheus.yml with its targets replaced (their labels,
+`namespace` among them, kept) and its intervals shortened, on a free loopback port, with a
+throw-away TSDB. `query()` is the HTTP API's instant query.
 """
 
 from __future__ import annotations
@@ -23,6 +23,9 @@ from tests.servers import ROOT, free_port
 HAVE_PROMETHEUS = shutil.which("prometheus") is not None
 DEPLOY = ROOT / "deploy" / "prometheus"
 COMPARISONS = {"==", "!=", ">", "<", ">=", "<="}
+# Grafana's `label_values(metric, label)` or `label_values(metric{matchers}, label)`: a metric name
+# may hold colons (vLLM's `vllm:*`); the matchers name the variables before it.
+LABEL_VALUES = re.compile(r"label_values\(([a-zA-Z_:][\w:]*)(\{[^{}]*\})?,\s*(\w+)\)")
 
 
 class PrometheusServer:
@@ -35,7 +38,7 @@ class PrometheusServer:
         config["rule_files"] = [str(DEPLOY / f) for f in config["rule_files"]]
         for job in config["scrape_configs"]:
             job.pop("scrape_timeout", None)
-            job["static_configs"] = [{"targets": targets[job["job_name"]]}]
+            job["static_configs"] = [{**job["static_configs"][0], "targets": targets[job["job_name"]]}]
         self.config_path = tmp / "prometheus.yml"
         self.config_path.write_text(yaml.safe_dump(config))
         self.proc: subprocess.Popen[bytes] | None = None
@@ -83,11 +86,19 @@ class PrometheusServer:
             return [{"metric": {}, "value": data["result"]}]
         return list(data["result"])
 
-    def label_values(self, definition: str) -> list[str]:
-        """A Grafana `label_values(metric, label)` variable's values, as Grafana asks Prometheus for them."""
-        m = re.fullmatch(r"label_values\((\w+),\s*(\w+)\)", definition)
-        assert m, definition
-        return sorted(v for v in self.api(f"label/{m.group(2)}/values", **{"match[]": m.group(1)}) if v)
+    def label_values(self, definition: str, chosen: dict[str, str] | None = None) -> list[str]:
+        """A Grafana `label_values` variable's values, as Grafana asks Prometheus for them; `chosen`
+        holds the values of the variables before it (as `grafana_regex` writes them)."""
+        label, match = label_values_request(definition, chosen or {})
+        return sorted(v for v in self.api(f"label/{label}/values", **{"match[]": match}) if v)
+
+
+def label_values_request(definition: str, chosen: dict[str, str]) -> tuple[str, str]:
+    """(label, series selector) of a `label_values` definition, its `$variables` replaced by `chosen`."""
+    m = LABEL_VALUES.fullmatch(definition)
+    assert m, definition
+    selector = re.sub(r"\$(\w+)", lambda v: chosen[v.group(1)], m.group(2) or "")
+    return m.group(3), m.group(1) + selector
 
 
 def _constant(expr: Any) -> bool:

@@ -207,7 +207,7 @@ def test_every_dashboard_query_returns_data(stack: Stack, name: str) -> None:
     values = {}
     for v in board["templating"]["list"]:
         if v["type"] == "query":
-            found = stack.prometheus.label_values(v["query"])
+            found = stack.prometheus.label_values(v["query"], values)  # narrowed by the variables before it
             assert found, f"variable {v['name']}: {v['query']} has no values"
             values[v["name"]] = grafana_regex(found)
     failures = [f for title, expr in panel_queries(board)
