@@ -50,7 +50,9 @@ def pod_template(plan: LaunchPlan, role: str, labels: dict[str, str]) -> Obj:
                       "resources": _resources(plan), "securityContext": _container_security(plan, role)}
     if role == "leader":
         container.update(_probes(plan))
-    spec: Obj = {"securityContext": _pod_security(plan)}
+    # No service-account token: nothing in a worker group calls the API server (the LWS controller
+    # passes the group's layout as environment variables, and the gateway does the discovery).
+    spec: Obj = {"automountServiceAccountToken": False, "securityContext": _pod_security(plan)}
     if runs_as_root(plan):
         spec["initContainers"] = [_ssh_keys_init(plan)]
     spec.update({"containers": [container], "volumes": volumes, "terminationGracePeriodSeconds": 60,

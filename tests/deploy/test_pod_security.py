@@ -18,6 +18,8 @@ Obj = dict[str, Any]
 ROOT_PODS = {"trtllm-llama-70b/leaderTemplate", "trtllm-llama-70b/workerTemplate"}
 # Capabilities given back: sshd's privilege separation (setuid/setgid to its `sshd` user, a chroot).
 ADDED_CAPABILITIES = {("trtllm-llama-70b/workerTemplate", "worker"): {"SETUID", "SETGID", "SYS_CHROOT"}}
+# The one pod that calls the API server (EndpointSlice discovery); no other pod gets a token.
+API_CLIENTS = {"sluice-gateway"}
 # Where each program writes, beyond the volumes it needs anyway: an emptyDir must be mounted there.
 SCRATCH = {"sluice": "/tmp", "bash": "/tmp", "redis-server": "/data"}
 
@@ -27,6 +29,7 @@ def test_every_pod_is_hardened(name: str) -> None:
     seen_root, seen_caps = set(), {}
     for owner, template in templates(overlay_docs(name)).items():
         pod = template["spec"].get("securityContext", {})
+        assert template["spec"].get("automountServiceAccountToken", True) is (owner in API_CLIENTS), owner
         assert pod.get("seccompProfile") == {"type": "RuntimeDefault"}, owner
         if owner in ROOT_PODS:
             assert pod.get("runAsUser") == 0 and pod.get("runAsNonRoot") is False, owner
