@@ -71,12 +71,13 @@ def test_programs_write_to_emptydirs(name: str) -> None:
 
 
 @pytest.mark.parametrize("name", OVERLAYS)
-def test_redis_starts_as_the_images_redis_user(name: str) -> None:
+def test_redis_starts_non_root_past_the_images_entrypoint(name: str) -> None:
     """The redis image's entrypoint switches from root to `redis` (uid 999) with setuid, which needs
-    capabilities the pod drops: so Redis starts as uid 999 itself, and past the entrypoint."""
+    capabilities the pod drops: so Redis starts as a non-root uid itself, and past the entrypoint. The
+    uid is the pods' 10001 (checkov CKV_K8S_40: not one below 10000 that a node's user may have)."""
     redis = templates(overlay_docs(name))["sluice-redis"]
     pod = redis["spec"]["securityContext"]
-    assert (pod["runAsUser"], pod["runAsGroup"], pod["fsGroup"]) == (999, 999, 999)
+    assert (pod["runAsUser"], pod["runAsGroup"], pod["fsGroup"]) == (10001, 10001, 10001)
     command = redis["spec"]["containers"][0]["command"]
     assert command[:2] == ["sh", "-c"] and "exec redis-server" in command[-1]
     assert "docker-entrypoint" not in " ".join(command)
