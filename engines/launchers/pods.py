@@ -91,7 +91,7 @@ def _ssh_keys_init(plan: LaunchPlan) -> Obj:
                 "sh", "-c", f"install -m 0600 {files} /root/.ssh/ && chmod 0700 /root/.ssh"],
             "volumeMounts": [{"name": "ssh-secret", "mountPath": "/etc/sluice/mpi-ssh", "readOnly": True},
                              {"name": "ssh", "mountPath": "/root/.ssh"}],
-            "resources": {"requests": {"cpu": "10m", "memory": "16Mi"}, "limits": {"memory": "64Mi"}},
+            "resources": {"requests": {"cpu": "10m", "memory": "16Mi"}, "limits": {"cpu": "100m", "memory": "64Mi"}},
             "securityContext": _container_security(plan, "init")}
 
 
