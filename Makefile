@@ -8,13 +8,17 @@ HTTP_PORT ?= 8000
 GRPC_PORT ?= 8001
 PYTEST_ARGS ?=
 
-.PHONY: serve test venv vllm-venv apt npm models lint clean bench
+.PHONY: serve test venv vllm-venv checkov-venv apt npm models lint clean bench
 
 venv:
 	@scripts/ensure_venv.sh
 
 vllm-venv:
 	@scripts/ensure_vllm_venv.sh >/dev/null
+
+# checkov, the security linter tests/deploy/test_security_lint.py runs over every rendered overlay.
+checkov-venv:
+	@scripts/ensure_checkov_venv.sh >/dev/null
 
 # System packages the tests start or drive for real (redis-server, prometheus, chromium, node).
 apt:
@@ -30,7 +34,7 @@ models: venv
 serve: venv models
 	$(PY) -m gateway.cli serve --host $(HOST) --http-port $(HTTP_PORT) --grpc-port $(GRPC_PORT) --model-repository model_repository
 
-test: venv apt npm models vllm-venv
+test: venv apt npm models vllm-venv checkov-venv
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 bench: venv models

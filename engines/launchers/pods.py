@@ -50,7 +50,9 @@ def pod_template(plan: LaunchPlan, role: str, labels: dict[str, str]) -> Obj:
                       "resources": _resources(plan), "securityContext": _container_security(plan, role)}
     if role == "leader":
         container.update(_probes(plan))
-    spec: Obj = {"securityContext": _pod_security(plan)}
+    # No service-account token: nothing in a worker group calls the API server (the LWS controller
+    # passes the group's layout as environment variables, and the gateway does the discovery).
+    spec: Obj = {"automountServiceAccountToken": False, "securityContext": _pod_security(plan)}
     if runs_as_root(plan):
         spec["initContainers"] = [_ssh_keys_init(plan)]
     spec.update({"containers": [container], "volumes": volumes, "terminationGracePeriodSeconds": 60,
@@ -89,7 +91,7 @@ def _ssh_keys_init(plan: LaunchPlan) -> Obj:
                 "sh", "-c", f"install -m 0600 {files} /root/.ssh/ && chmod 0700 /root/.ssh"],
             "volumeMounts": [{"name": "ssh-secret", "mountPath": "/etc/sluice/mpi-ssh", "readOnly": True},
                              {"name": "ssh", "mountPath": "/root/.ssh"}],
-            "resources": {"requests": {"cpu": "10m", "memory": "16Mi"}, "limits": {"memory": "64Mi"}},
+            "resources": {"requests": {"cpu": "10m", "memory": "16Mi"}, "limits": {"cpu": "100m", "memory": "64Mi"}},
             "securityContext": _container_security(plan, "init")}
 
 

@@ -18,6 +18,8 @@ Obj = dict[str, Any]
 ROOT_PODS = {"trtllm-llama-70b/leaderTemplate", "trtllm-llama-70b/workerTemplate"}
 # Capabilities given back: sshd's privilege separation (setuid/setgid to its `sshd` user, a chroot).
 ADDED_CAPABILITIES = {("trtllm-llama-70b/workerTemplate", "worker"): {"SETUID", "SETGID", "SYS_CHROOT"}}
+# The one pod that calls the API server (EndpointSlice discovery); no other pod gets a token.
+API_CLIENTS = {"sluice-gateway"}
 # Where each program writes, beyond the volumes it needs anyway: an emptyDir must be mounted there.
 SCRATCH = {"sluice": "/tmp", "bash": "/tmp", "redis-server": "/data"}
 
@@ -27,6 +29,7 @@ def test_every_pod_is_hardened(name: str) -> None:
     seen_root, seen_caps = set(), {}
     for owner, template in templates(overlay_docs(name)).items():
         pod = template["spec"].get("securityContext", {})
+        assert template["spec"].get("automountServiceAccountToken", True) is (owner in API_CLIENTS), owner
         assert pod.get("seccompProfile") == {"type": "RuntimeDefault"}, owner
         if owner in ROOT_PODS:
             assert pod.get("runAsUser") == 0 and pod.get("runAsNonRoot") is False, owner
@@ -68,12 +71,13 @@ def test_programs_write_to_emptydirs(name: str) -> None:
 
 
 @pytest.mark.parametrize("name", OVERLAYS)
-def test_redis_starts_as_the_images_redis_user(name: str) -> None:
+def test_redis_starts_non_root_past_the_images_entrypoint(name: str) -> None:
     """The redis image's entrypoint switches from root to `redis` (uid 999) with setuid, which needs
-    capabilities the pod drops: so Redis starts as uid 999 itself, and past the entrypoint."""
+    capabilities the pod drops: so Redis starts as a non-root uid itself, and past the entrypoint. The
+    uid is the pods' 10001 (checkov CKV_K8S_40: not one below 10000 that a node's user may have)."""
     redis = templates(overlay_docs(name))["sluice-redis"]
     pod = redis["spec"]["securityContext"]
-    assert (pod["runAsUser"], pod["runAsGroup"], pod["fsGroup"]) == (999, 999, 999)
+    assert (pod["runAsUser"], pod["runAsGroup"], pod["fsGroup"]) == (10001, 10001, 10001)
     command = redis["spec"]["containers"][0]["command"]
     assert command[:2] == ["sh", "-c"] and "exec redis-server" in command[-1]
     assert "docker-entrypoint" not in " ".join(command)
