@@ -8,7 +8,7 @@ HTTP_PORT ?= 8000
 GRPC_PORT ?= 8001
 PYTEST_ARGS ?=
 
-.PHONY: serve test venv vllm-venv checkov-venv apt npm models lint clean bench
+.PHONY: serve test venv vllm-venv checkov-venv apt npm models lint clean bench smoke-multinode
 
 venv:
 	@scripts/ensure_venv.sh
@@ -36,6 +36,11 @@ serve: venv models
 
 test: venv apt npm models vllm-venv checkov-venv
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# The loopback smoke test of the TensorRT-LLM launch across nodes: the generated leader/worker scripts
+# with Debian's Open MPI and sshd, 2 ranks of the trtllm-serve stand-in (as root; ~15 s, also in `make test`).
+smoke-multinode: venv apt
+	$(PY) -m pytest -m multinode tests/integration/test_multinode_mpi_smoke.py $(PYTEST_ARGS)
 
 bench: venv models
 	$(PY) loadtests/relay/bench_transformers.py

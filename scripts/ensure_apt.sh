@@ -1,12 +1,17 @@
 #!/usr/bin/env bash
 # Install the Debian packages the tests run for real, if missing: servers (redis-server,
-# prometheus), clients (chromium for the browser tests, Node), and shellcheck (the node
-# scripts `sluice launch` writes are checked with it).
+# prometheus), clients (chromium for the browser tests, Node), shellcheck (the node
+# scripts `sluice launch` writes are checked with it), and Open MPI with sshd and ssh (the
+# loopback smoke test of the multi-node TensorRT-LLM launch runs them: `make smoke-multinode`).
 set -euo pipefail
 need=()
 command -v redis-server >/dev/null || need+=(redis-server)
 command -v prometheus >/dev/null || need+=(prometheus)
 command -v shellcheck >/dev/null || need+=(shellcheck)
+command -v mpirun >/dev/null || need+=(openmpi-bin)
+# sshd is in /usr/sbin, which a non-root PATH may lack.
+[ -x /usr/sbin/sshd ] || need+=(openssh-server)
+command -v ssh >/dev/null || need+=(openssh-client)
 # The browser tests drive Debian's Chromium through playwright (never a downloaded browser).
 command -v chromium >/dev/null || need+=(chromium)
 # Node runs the official openai npm package (tests/js); the machines ship Node 20, Debian's is the fallback.

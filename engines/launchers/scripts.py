@@ -155,7 +155,7 @@ def _trtllm_leader(plan: LaunchPlan) -> str:
 
 def _trtllm_worker(plan: LaunchPlan) -> str:
     run = "/run/sluice-sshd"
-    return (_header(plan, "worker (node 1..N-1: MPI ranks, started by the leader's mpirun over SSH)", host_ip=False)
+    return (_header(plan, "worker (node 1..N-1: MPI ranks, started by the leader's mpirun over SSH)")
             + "# The key pair and authorized_keys were copied into ~/.ssh (0700, files 0600) before this runs.\n"
             + "# Ranks started through sshd get this pod's NCCL_*, CUDA_*, UCX_*, PATH... from ~/.ssh/environment.\n"
             + f"env | grep -E '{RANK_ENV}' > \"$HOME/.ssh/environment\" || true\n"
@@ -164,6 +164,7 @@ def _trtllm_worker(plan: LaunchPlan) -> str:
             + "# the /run emptyDir; no PAM (its loginuid module needs a capability this pod does not have).\n"
             + f"install -d -m 0755 /run/sshd && install -d -m 0700 {run}\n"
             + f"[ -f {run}/host_ed25519_key ] || ssh-keygen -q -t ed25519 -N '' -f {run}/host_ed25519_key\n"
-            + f"exec /usr/sbin/sshd -D -e -p {SSH_PORT} -h {run}/host_ed25519_key -o PidFile={run}/sshd.pid \\\n"
-            + "  -o UsePAM=no -o PermitUserEnvironment=yes -o PasswordAuthentication=no "
+            + "# sshd, as root, listens on this node's address alone (the pod IP), as every other socket does.\n"
+            + f"exec /usr/sbin/sshd -D -e -p {SSH_PORT} -o ListenAddress=\"$HOST_IP\" -h {run}/host_ed25519_key \\\n"
+            + f"  -o PidFile={run}/sshd.pid -o UsePAM=no -o PermitUserEnvironment=yes -o PasswordAuthentication=no "
             + "-o PermitRootLogin=prohibit-password\n")

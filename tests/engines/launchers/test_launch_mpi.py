@@ -67,6 +67,7 @@ def test_the_ssh_key_is_copied_into_ssh_with_0700_and_0600(tmp_path: Path) -> No
 def test_the_pods_nccl_cuda_and_ucx_settings_reach_the_ranks_sshd_starts(tmp_path: Path) -> None:
     worker = _files(*ARGV)["worker.sh"]
     assert "PermitUserEnvironment=yes" in worker  # sshd applies ~/.ssh/environment to its sessions
+    assert '-o ListenAddress="$HOST_IP"' in worker  # root's sshd on the pod IP alone, not every address
     lines = [line for line in worker.splitlines() if ".ssh/environment" in line]
     (tmp_path / ".ssh").mkdir()
     env = {"HOME": str(tmp_path), "PATH": os.environ["PATH"], "NCCL_SOCKET_IFNAME": "eth0", "NCCL_IB_HCA": "mlx5",

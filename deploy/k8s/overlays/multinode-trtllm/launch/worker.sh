@@ -4,6 +4,7 @@
 set -euo pipefail
 NODES=${SLUICE_GROUP_SIZE:-${LWS_GROUP_SIZE:-2}}
 if [ "$NODES" != 2 ]; then echo "this layout needs 2 nodes, got $NODES" >&2; exit 2; fi
+HOST_IP=${SLUICE_ADVERTISE_HOST:-$(hostname -i | awk '{print $1}')}
 # The key pair and authorized_keys were copied into ~/.ssh (0700, files 0600) before this runs.
 # Ranks started through sshd get this pod's NCCL_*, CUDA_*, UCX_*, PATH... from ~/.ssh/environment.
 env | grep -E '^(NCCL|CUDA|UCX|NVIDIA|OMPI|HF|TRTLLM|TLLM)_|^(PATH|LD_LIBRARY_PATH|HOME)=' > "$HOME/.ssh/environment" || true
@@ -12,5 +13,6 @@ chmod 0600 "$HOME/.ssh/environment"
 # the /run emptyDir; no PAM (its loginuid module needs a capability this pod does not have).
 install -d -m 0755 /run/sshd && install -d -m 0700 /run/sluice-sshd
 [ -f /run/sluice-sshd/host_ed25519_key ] || ssh-keygen -q -t ed25519 -N '' -f /run/sluice-sshd/host_ed25519_key
-exec /usr/sbin/sshd -D -e -p 2222 -h /run/sluice-sshd/host_ed25519_key -o PidFile=/run/sluice-sshd/sshd.pid \
-  -o UsePAM=no -o PermitUserEnvironment=yes -o PasswordAuthentication=no -o PermitRootLogin=prohibit-password
+# sshd, as root, listens on this node's address alone (the pod IP), as every other socket does.
+exec /usr/sbin/sshd -D -e -p 2222 -o ListenAddress="$HOST_IP" -h /run/sluice-sshd/host_ed25519_key \
+  -o PidFile=/run/sluice-sshd/sshd.pid -o UsePAM=no -o PermitUserEnvironment=yes -o PasswordAuthentication=no -o PermitRootLogin=prohibit-password
