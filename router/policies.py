@@ -33,6 +33,9 @@ from router.index.hashing import rendezvous_score
 from router.telemetry.load import LoadSnapshot
 
 DEFAULT_MODEL = TtftModel()
+# A hit on more than this share of the prompt is always worth keeping, however large the model's error
+# (on a starved machine it neared 1, and every follow-up turn of a conversation was ranked `no_prefix`).
+MAX_NEGLIGIBLE_SHARE = 0.5
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,7 +111,9 @@ def rank_prefix(views: Sequence[WorkerView], prompt_tokens: int, tie_key: str | 
     plus how much longer an answer of `answer_tokens` decodes there, plus what its prefill delays
     the worker's running requests.
 
-    Where no worker holds more than a `tolerance` share of the prompt (none at all, in particular),
+    Where no worker holds more than a `tolerance` share of the prompt (none at all, in particular;
+    never more than `MAX_NEGLIGIBLE_SHARE`, since a model whose error is large on an overloaded
+    fleet says nothing about whether most of a prompt's prefill can be skipped),
     what a hit would save is within the cost's own error, and the cost is `least_load`'s (the
     whole prompt's TTFT) plus the eviction term, with reason ``no_prefix``: the decode and delay
     terms weigh a hit against the batch it joins, and without one they would only reprice the
@@ -116,7 +121,7 @@ def rank_prefix(views: Sequence[WorkerView], prompt_tokens: int, tie_key: str | 
     the latency from the per-token cost)."""
     ok, bad = _split(views)
     best_cached = max((v.predicted_cached_tokens for v in ok), default=0)
-    negligible = best_cached <= tolerance * prompt_tokens
+    negligible = best_cached <= min(tolerance, MAX_NEGLIGIBLE_SHARE) * prompt_tokens
     scored = []
     ttft: dict[str, float] = {}
     for v in ok:

@@ -99,6 +99,22 @@ def _settled(server: Server, workers: list[Worker], timeout_s: float = 60.0) -> 
     raise AssertionError(f"{server.url} still sees load after {timeout_s} s")
 
 
+def _index_blocks(server: Server) -> dict[str, int]:
+    rows = httpx.get(server.url + "/v1/admin/workers", timeout=10).json()["data"]
+    return {row["name"]: row["index_blocks"] for row in rows}
+
+
+def _synced(source: Server, replica: Server, worker: str, timeout_s: float = 60.0) -> None:
+    """Until `replica` indexes at least the blocks `source` placed on `worker` (Redis carries them;
+    on a starved machine that took longer than the follow-up turn took to be sent)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if _index_blocks(replica).get(worker, 0) >= _index_blocks(source).get(worker, 0) > 0:
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"{replica.url} never indexed what {source.url} placed on {worker}")
+
+
 def _kept(first: dict[str, str], second: dict[str, str], i: int) -> bool:
     """True when the continued turn (response headers `second`) stayed on its first turn's worker
     as a prefix hit; False when the router sent it elsewhere for load. Anything else fails."""
@@ -179,6 +195,7 @@ def test_without_events_only_redis_carries_the_placement(workers: list[Worker], 
             # Asked first, and it routes nothing: the lone replica's view stays empty.
             tok = httpx.post(alone.url + "/tokenize", json={"model": MODEL, "messages": follow_up}).json()
             _settled(b, workers)
+            _synced(a, b, h1["x-sluice-worker"])
             h2, second = _chat(b, follow_up)
             if not _kept(h1, h2, i):
                 continue

@@ -183,6 +183,12 @@ def test_with_nothing_worth_caching_anywhere_prefix_ranks_as_least_load():
     out = rank("prefix", [held, decoding], prompt_tokens=100, tie_key=1, tolerance=0.1, answer_tokens=16.0)
     assert out[0].worker == "queued" and out[0].reason == "prefix_hit"
     assert out[0].cost == pytest.approx(0.5 + 0.001 + 0.184 + 0.016 + 0.084)
+    # However large the model's error (0.95 on a starved machine), more than half the prompt held
+    # is a hit worth keeping; less is within the error.
+    for cached, reason in ((60, "prefix_hit"), (40, "no_prefix")):
+        held = view("queued", cached=cached, model=model, in_flight=1)
+        out = rank("prefix", [held, decoding], prompt_tokens=100, tie_key=1, tolerance=0.95, answer_tokens=16.0)
+        assert {c.reason for c in out} <= {reason, "load"} and out[0].reason == reason, (cached, out)
 
 
 def test_among_ties_a_worker_with_a_prefill_queued_comes_last():
