@@ -77,7 +77,7 @@ def _env(template: dict, ip: str, pod: str, index: int, tmp: Path, python: Path)
     env.update(LWS_LEADER_ADDRESS=LEADER_FQDN, LWS_GROUP_SIZE="2", LWS_WORKER_INDEX=str(index),
                XDG_CACHE_HOME=str(cache), HF_HOME=str(cache / "huggingface"), SLUICE_VLLM_PYTHON=str(python),
                VLLM_CPU_KVCACHE_SPACE="1", VLLM_CPU_OMP_THREADS_BIND=str(index),  # each pod its own core
-               PYTHONUNBUFFERED="1")
+               PYTHONUNBUFFERED="1", RAY_DEDUP_LOGS="0")  # every rank's lines reach the leader's log
     return env
 
 
@@ -128,12 +128,17 @@ def test_the_generated_ray_launch_answers_a_chat_through_the_gateway(group: Grou
     chat = raw.parse()
     assert raw.headers["x-sluice-worker"] == LEADER_POD
     assert chat.choices[0].message.content and chat.usage and chat.usage.completion_tokens == 8
-    assert chat.system_fingerprint and "-tp2-" in chat.system_fingerprint  # vLLM's own statement of its layout
+    direct = httpx.post(f"http://{ray_pods.LEADER_IP}:8100/v1/completions", timeout=120,
+                        headers={"Authorization": f"Bearer {SECRETS['SLUICE_WORKER_KEY']}"},
+                        json={"model": MODEL, "prompt": [1, 504, 3575], "max_tokens": 4}).json()
+    assert "-tp2-" in direct["system_fingerprint"]  # vLLM's own statement of its layout
 
     text = leader.text()  # vLLM's log, with what Ray relays from the ranks' actors
     assert "distributed_executor_backend': 'ray'" in text or "distributed_executor_backend=ray" in text
-    rank1 = [line for line in text.splitlines() if "world_size=2 rank=1" in line]
-    assert rank1 and all(f"ip={ray_pods.WORKER_IP})" in line for line in rank1), rank1  # rank 1 on the worker
+    rank1 = [line for line in text.splitlines() if "(Worker_TP1 pid=" in line]  # TP rank 1's own lines
+    assert rank1 and all(f"ip={ray_pods.WORKER_IP})" in line for line in rank1), rank1[:5]  # in the worker pod
+    rank0 = [line for line in text.splitlines() if "(Worker_TP0 pid=" in line]
+    assert rank0 and not any("ip=" in line for line in rank0), rank0[:5]  # Ray names no other node: the leader's
     assert re.search(r"world_size=2 rank=0 .*tcp://127\.0\.0\.2:", text)  # rank 0 on the leader, by its pod IP
 
     group.leader.stop()  # SIGTERM: the worker deregisters, its engine and the Ray head go with the pod
