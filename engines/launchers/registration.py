@@ -9,10 +9,16 @@ bearer token, the gateway's registration key (``$SLUICE_REGISTRATION_KEY``: the
 refusing the record never costs the engine its life (a LeaderWorkerSet would reload a whole
 multi-node group for it). It retries with capped, jittered back-off, and re-registers when a
 gateway that restarted without shared state has forgotten the worker.
+
+`source` (the worker's own --host address, when it names one) is the address the calls leave from.
+A registration key may register only a worker whose URL host is the caller's own address, and on
+a node with several addresses (or several loopback "pods", as in the Ray smoke test) the route
+would otherwise pick another one.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import random
 import threading
@@ -63,15 +69,31 @@ class WorkerRecord(BaseModel):
     capacity: int | None = Field(default=None, ge=1, le=1 << 20)
 
 
+def registration_source(host: str, public_host: str) -> str | None:
+    """The address registration calls leave from: the worker's --host when it is one address (not a
+    wildcard) and is also the address the worker registers under; else None, the route's choice."""
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return None
+    return host if not address.is_unspecified and host == public_host else None
+
+
+def _client(source: str | None) -> httpx.Client:
+    """A client whose connections leave from `source` (None: wherever the route says)."""
+    transport = httpx.HTTPTransport(local_address=source) if source else None
+    return httpx.Client(transport=transport, timeout=HTTP_TIMEOUT_S)
+
+
 def register(gateway: str, record: WorkerRecord, key: str | None, attempts: int = 10,
-             delay_s: float = 1.0) -> None:
+             delay_s: float = 1.0, source: str | None = None) -> None:
     """POST the record; retries while the gateway is unreachable or 5xx, raises RuntimeError after."""
     url = gateway.rstrip("/") + "/v1/admin/workers"
     last = "no attempt"
     for attempt in range(attempts):
         try:
-            response = httpx.post(url, json=record.model_dump(mode="json"), headers=_headers(key),
-                                  timeout=HTTP_TIMEOUT_S)
+            with _client(source) as client:
+                response = client.post(url, json=record.model_dump(mode="json"), headers=_headers(key))
             if response.status_code < 300:
                 log.info("registered worker %s with %s", record.name, gateway)
                 return
@@ -85,11 +107,12 @@ def register(gateway: str, record: WorkerRecord, key: str | None, attempts: int 
     raise RuntimeError(f"could not register worker {record.name} with {gateway}: {last}")
 
 
-def deregister(gateway: str, name: str, key: str | None) -> None:
+def deregister(gateway: str, name: str, key: str | None, source: str | None = None) -> None:
     """DELETE the worker; failures are logged, never raised (we are shutting down anyway)."""
     url = gateway.rstrip("/") + f"/v1/admin/workers/{name}"
     try:
-        response = httpx.delete(url, headers=_headers(key), timeout=HTTP_TIMEOUT_S)
+        with _client(source) as client:
+            response = client.delete(url, headers=_headers(key))
         if response.status_code >= 300 and response.status_code != 404:
             log.warning("deregistering %s: HTTP %d", name, response.status_code)
     except httpx.HTTPError as exc:
@@ -104,8 +127,8 @@ class Keeper:
     is read every `check_s`; a gateway that no longer lists the worker gets the record again."""
 
     def __init__(self, gateway: str, record: WorkerRecord, key: str | None, *, base_s: float = 1.0,
-                 cap_s: float = 60.0, check_s: float = 30.0) -> None:
-        self.gateway, self.record, self.key = gateway.rstrip("/"), record, key
+                 cap_s: float = 60.0, check_s: float = 30.0, source: str | None = None) -> None:
+        self.gateway, self.record, self.key, self.source = gateway.rstrip("/"), record, key, source
         self.base_s, self.cap_s, self.check_s = base_s, cap_s, check_s
         self.registered = threading.Event()  # set while the gateway is known to list the worker
         self.attempts = 0  # registration attempts made, for the logs and the tests
@@ -123,7 +146,7 @@ class Keeper:
         self._stop.set()
         self._thread.join(HTTP_TIMEOUT_S)
         if self.ever_registered:
-            deregister(self.gateway, self.record.name, self.key)
+            deregister(self.gateway, self.record.name, self.key, self.source)
 
     def _run(self) -> None:
         failures = 0
@@ -136,7 +159,7 @@ class Keeper:
                 continue
             try:
                 self.attempts += 1
-                register(self.gateway, self.record, self.key, attempts=1)
+                register(self.gateway, self.record, self.key, attempts=1, source=self.source)
                 self.registered.set()
                 self.ever_registered = True
                 failures = 0
@@ -150,7 +173,8 @@ class Keeper:
         """Whether the gateway lists the worker; True when it cannot say (down, or no such route),
         since registering again then would only replace a live registration."""
         try:
-            response = httpx.get(f"{self.gateway}/v1/admin/workers", headers=_headers(self.key), timeout=HTTP_TIMEOUT_S)
+            with _client(self.source) as client:
+                response = client.get(f"{self.gateway}/v1/admin/workers", headers=_headers(self.key))
             if response.status_code != 200:
                 return True
             return any(row.get("name") == self.record.name for row in response.json().get("data", []))

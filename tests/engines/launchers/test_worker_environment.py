@@ -47,11 +47,11 @@ def test_registration_sends_the_key_it_is_given(monkeypatch: pytest.MonkeyPatch)
         status_code = 201
         text = ""
 
-    def post(url: str, json: Any, headers: dict[str, str], timeout: float) -> _Ok:
+    def post(client: Any, url: str, json: Any, headers: dict[str, str]) -> _Ok:
         sent.append(headers)
         return _Ok()
 
-    monkeypatch.setattr("engines.launchers.registration.httpx.post", post)
+    monkeypatch.setattr("engines.launchers.registration.httpx.Client.post", post)
     monkeypatch.setenv("SLUICE_ADMIN_KEY", "from-the-environment")  # not read here: the caller passes the key
     record = registration.WorkerRecord(name="w", url="http://127.0.0.1:9")
     registration.register("http://gateway:8000", record, "sk-admin")
