@@ -33,7 +33,10 @@ debian_base() {  # localhost/debian:bookworm from Debian's packages (no registry
   podman "${storage[@]}" import --quiet "$tar" "$base" >/dev/null
 }
 
-common=(--isolation chroot --network host --layers)
+# No --layers: under vfs every cached step is a full copy of the image (a build with it left
+# 10-20 GB behind); without it a build keeps only the image. A failed build may leave a working
+# container holding its layers: `buildah --storage-driver vfs containers` lists them.
+common=(--isolation chroot --network host)
 # A proxy that re-signs TLS needs its CA inside the build too (pip verifies PyPI with it).
 cert=${PIP_CERT:-${SSL_CERT_FILE:-}}
 if [ -n "$cert" ] && [ -f "$cert" ]; then
@@ -48,6 +51,7 @@ build() {  # name containerfile image-tag extra-args...
   local size
   size=$(podman "${storage[@]}" image inspect --format '{{.Size}}' "$ref")
   echo ">> $name: $ref built in $((SECONDS - t0)) s, $((size / 1000000)) MB"
+  podman "${storage[@]}" image prune --force >/dev/null  # the previous build of this tag, now untagged
 }
 
 for image in $images; do
