@@ -2,8 +2,8 @@
 manifests run it: uid 10001, a read-only root filesystem with a tmpfs at /tmp, models mounted
 read-only. One gateway container serves /health, a chat (the official openai SDK, SmolLM2 in
 process) and a digits infer (tritonclient over HTTP); a second container from the same image runs
-`sluice worker --engine sim`, registers with the gateway container, and a chat through the gateway
-reaches it.
+`sluice worker --engine sim`, then one `--engine transformers`; each registers with the gateway
+container, and a chat through the gateway reaches it.
 
 The models are not in the image: the test lays out a repository whose LLM names its weights by an
 absolute path under the mount (/models), as a PersistentVolumeClaim would hold them, and copies the
@@ -21,6 +21,7 @@ import shutil
 import subprocess
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -39,6 +40,7 @@ UID = 10001
 WORKER_KEY = secrets.token_hex(24)
 REGISTRATION_KEY = secrets.token_hex(24)
 SIM_MODEL = "image-sim"
+TRANSFORMERS_MODEL = "image-smollm2"  # served by the worker container alone
 STARTUP_TIMEOUT_S = 600.0  # SmolLM2 loads and warms up in the container; the machine may be busy
 
 
@@ -214,24 +216,40 @@ def test_the_image_runs_as_10001_on_a_read_only_root(gateway: Gateway) -> None:
     assert c.exec("printenv", "HOME").stdout.strip() == "/tmp"
 
 
+def test_the_image_alone_starts_a_gateway_for_workers(tmp_path: Path) -> None:
+    """No mount, no repository flag (deploy/k8s's gateway): it serves an empty repository and is
+    ready; the default repository's configs ship as a template beside it, without weights."""
+    empty = tmp_path / "empty"
+    empty.mkdir(mode=0o755)
+    port = free_port()
+    container = _run(f"sluice-test-bare-{secrets.token_hex(4)}", tmp_path, empty, _podman_env(tmp_path),
+                     "serve", "--host", "127.0.0.1", "--http-port", str(port), "--grpc-port", "0")
+    try:
+        _wait_healthy(f"http://127.0.0.1:{port}", container, timeout_s=300)
+        assert httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=10).json()["data"] == []
+        template = container.exec("ls", "/opt/sluice/default-repository/smollm2-135m-instruct").stdout.split()
+        assert template == ["1", "config.pbtxt"], template
+        weights = container.exec("find", "/opt/sluice", "-name", "*.onnx", "-o", "-name", "*.safetensors", "-o",
+                                 "-name", "*.gguf").stdout
+        assert weights == "", weights
+    finally:
+        container.stop()
+
+
 def _served(port: int) -> float:
     text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
     return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
                if line.startswith("vllm:request_success_total"))
 
 
-def test_a_worker_container_registers_with_the_gateway_container(gateway: Gateway) -> None:
-    from openai import OpenAI
-
-    port, kv_port = free_port_pair(), free_port_pair()
-    name = f"sluice-test-worker-{secrets.token_hex(4)}"
-    worker = _run(name, gateway.tmp, gateway.models, gateway.container.env,
-                  "worker", "--engine", "sim", "--model", "/models/tiny-llama", "--served-model-name", SIM_MODEL,
-                  "--profile", "vllm-cpu-tiny-llama", "--host", "127.0.0.1", "--port", str(port),
-                  "--kv-events-port", str(kv_port), "--name", name, "--gateway", gateway.url,
+@contextmanager
+def _worker(gateway: Gateway, name: str, port: int, *argv: str) -> Iterator[Container]:
+    """A container of the same image running `sluice worker ...`, healthy and registered with the gateway."""
+    worker = _run(name, gateway.tmp, gateway.models, gateway.container.env, "worker", *argv, "--host", "127.0.0.1",
+                  "--port", str(port), "--name", name, "--gateway", gateway.url,
                   settings={"SLUICE_WORKER_KEY": WORKER_KEY, "SLUICE_REGISTRATION_KEY": REGISTRATION_KEY})
     try:
-        _wait_healthy(f"http://127.0.0.1:{port}", worker, timeout_s=180)
+        _wait_healthy(f"http://127.0.0.1:{port}", worker, timeout_s=STARTUP_TIMEOUT_S)
         registration = {"Authorization": f"Bearer {REGISTRATION_KEY}"}  # the `workers` scope lists them too
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
@@ -242,11 +260,33 @@ def test_a_worker_container_registers_with_the_gateway_container(gateway: Gatewa
         else:
             raise AssertionError(f"{name} never registered:\n{worker.log()}\n{gateway.container.log()}")
         assert worker.exec("id", "-u").stdout.strip() == str(UID)
+        yield worker
+    finally:
+        worker.stop()
+
+
+def test_a_sim_worker_container_registers_with_the_gateway_container(gateway: Gateway) -> None:
+    from openai import OpenAI
+
+    port, kv_port = free_port_pair(), free_port_pair()
+    with _worker(gateway, f"sluice-test-sim-{secrets.token_hex(4)}", port, "--engine", "sim",
+                 "--model", "/models/tiny-llama", "--served-model-name", SIM_MODEL, "--profile", "vllm-cpu-tiny-llama",
+                 "--kv-events-port", str(kv_port)):
         before = _served(port)
         client = OpenAI(base_url=gateway.url + "/v1", api_key="unused", timeout=120, max_retries=0)
         chat = client.chat.completions.create(model=SIM_MODEL, max_tokens=8,
                                               messages=[{"role": "user", "content": "Name three rivers."}])
         assert chat.usage is not None and chat.usage.completion_tokens == 8, chat
         assert _served(port) == before + 1  # the worker container ran it, not the gateway
-    finally:
-        worker.stop()
+
+
+def test_a_transformers_worker_container_answers_through_the_gateway_container(gateway: Gateway) -> None:
+    """`sluice worker --engine transformers` with SmolLM2 from the mount, under a name only it serves."""
+    from openai import OpenAI
+
+    with _worker(gateway, f"sluice-test-transformers-{secrets.token_hex(4)}", free_port(), "--engine", "transformers",
+                 "--model", f"/models/{LLM_NAME}", "--served-model-name", TRANSFORMERS_MODEL, "--max-batch-size", "4"):
+        client = OpenAI(base_url=gateway.url + "/v1", api_key="unused", timeout=120, max_retries=0)
+        chat = client.chat.completions.create(model=TRANSFORMERS_MODEL, max_tokens=16, temperature=0,
+                                              messages=[{"role": "user", "content": "What is the capital of France?"}])
+        assert "Paris" in (chat.choices[0].message.content or ""), chat
