@@ -8,6 +8,7 @@
 #   TORCH_WHEELS  a directory holding the torch 2.13.0+cpu wheel [/opt/wheels when it has one];
 #                 without it torch comes from PyTorch's CPU index
 #   IMAGE_TAG     [the version in pyproject.toml]
+#   FORCE=1       rebuild even when the image of the same sources exists (its label org.sluice.sources)
 # Storage is vfs and the build runs with chroot isolation and the host's network, which work on
 # these machines (../shared/ENVIRONMENT.md, "Containers"). Prints each image's build time and size.
 set -euo pipefail
@@ -43,11 +44,23 @@ if [ -n "$cert" ] && [ -f "$cert" ]; then
   common+=(-v "$cert:/run/build-ca.crt:ro" --build-arg PIP_BUILD_CERT=/run/build-ca.crt)
 fi
 
-build() {  # name containerfile image-tag extra-args...
+sources() {  # a digest of what goes into an image: the build context's files (tracked or new) and the arguments
+  { git ls-files -z --cached --others --exclude-standard -- pyproject.toml README.md requirements-runtime.txt \
+      .containerignore deploy/images gateway engines router model_repository \
+      | sort -z | xargs -0 sha256sum 2>/dev/null; echo "$*"; } | sha256sum | cut -c1-16
+}
+
+build() {  # name containerfile image-tag extra-args...; skipped when the image of these sources exists
   local name=$1 file=$2 ref=$3; shift 3
-  local t0=$SECONDS
+  local t0=$SECONDS digest
+  digest=$(sources "$file" "$@")
+  if [ -z "${FORCE:-}" ] && [ "$(podman "${storage[@]}" image inspect --format \
+      '{{index .Labels "org.sluice.sources"}}' "$ref" 2>/dev/null)" = "$digest" ]; then
+    echo ">> $name: $ref is up to date (sources $digest; FORCE=1 rebuilds)"
+    return 0
+  fi
   echo ">> building $ref ($file)"
-  buildah "${storage[@]}" bud "${common[@]}" -f "$file" -t "$ref" "$@" .
+  buildah "${storage[@]}" bud "${common[@]}" --label "org.sluice.sources=$digest" -f "$file" -t "$ref" "$@" .
   local size
   size=$(podman "${storage[@]}" image inspect --format '{{.Size}}' "$ref")
   echo ">> $name: $ref built in $((SECONDS - t0)) s, $((size / 1000000)) MB"
