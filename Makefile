@@ -8,7 +8,7 @@ HTTP_PORT ?= 8000
 GRPC_PORT ?= 8001
 PYTEST_ARGS ?=
 
-.PHONY: serve test venv vllm-venv checkov-venv apt npm models lint clean bench smoke-multinode smoke-ray
+.PHONY: serve test venv vllm-venv checkov-venv apt npm models lint clean bench smoke-multinode smoke-ray image image-tools image-test
 
 venv:
 	@scripts/ensure_venv.sh
@@ -48,6 +48,20 @@ smoke-multinode: venv apt
 smoke-ray: venv vllm-venv
 	@scripts/ensure_ray.sh >/dev/null
 	$(PY) -m pytest -m ray tests/integration/test_multinode_ray_smoke.py $(PYTEST_ARGS)
+
+# Container images (deploy/images/): buildah, podman, runc and mmdebstrap from Debian (root).
+# `make image` builds localhost/sluice:<version> on a Debian base made here from Debian's packages
+# (no registry reachable); IMAGES="gateway vllm trtllm" with VLLM_BASE and TRTLLM_BASE builds the GPU
+# worker images where their upstream bases can be pulled. `make image-test` runs the image with podman.
+IMAGES ?= gateway
+image-tools:
+	@scripts/ensure_image_tools.sh
+
+image: image-tools
+	@IMAGES="$(IMAGES)" scripts/build_images.sh
+
+image-test: venv image models
+	$(PY) -m pytest -m image tests/integration/test_images.py $(PYTEST_ARGS)
 
 bench: venv models
 	$(PY) loadtests/relay/bench_transformers.py
