@@ -143,3 +143,14 @@ def metric_value(text: str, name: str, labels: dict[str, str] | None = None) -> 
             continue
         return float(value)
     return None
+
+
+def until(check: Callable[[], object], what: str, timeout_s: float = 30.0) -> None:
+    """Poll `check` until it is true; a bounded wait for an event, not a speed bound (a miss names
+    what never happened)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if check():
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"never happened within {timeout_s:.0f} s: {what}")

@@ -68,10 +68,3 @@ def samples(text: str, name: str) -> dict[tuple[tuple[str, str], ...], float]:
     return out
 
 
-def until(check: Any, what: str, timeout_s: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if check():
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"never happened within {timeout_s:.0f} s: {what}")

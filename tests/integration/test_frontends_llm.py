@@ -25,10 +25,10 @@ import pytest
 
 from router.index.hashing import rendezvous_score
 from tests.integration.conftest import MODEL
-from tests.integration.frontends_support import on, samples, stream_on, until
+from tests.integration.frontends_support import on, samples, stream_on
 from tests.integration.test_sim_fleet import _free_run
 from tests.integration.vllm_support import ROOT, tiny_llama_dir, wait_healthy
-from tests.servers import Server, free_port, start_server
+from tests.servers import Server, free_port, start_server, until
 
 pytestmark = pytest.mark.integration
 

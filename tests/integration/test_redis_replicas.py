@@ -30,7 +30,7 @@ import httpx
 import pytest
 
 from tests.integration.conftest import BLOCK, MODEL, WORKER_KEY, Worker, gateway_over
-from tests.servers import Server, free_port, llm_only_repository, metric_value, start_server
+from tests.servers import Server, free_port, llm_only_repository, metric_value, start_server, until
 
 pytestmark = [
     pytest.mark.integration, pytest.mark.vllm, pytest.mark.slow,
@@ -104,15 +104,11 @@ def _index_blocks(server: Server) -> dict[str, int]:
     return {row["name"]: row["index_blocks"] for row in rows}
 
 
-def _synced(source: Server, replica: Server, worker: str, timeout_s: float = 60.0) -> None:
+def _synced(source: Server, replica: Server, worker: str) -> None:
     """Until `replica` indexes at least the blocks `source` placed on `worker` (Redis carries them;
     on a starved machine that took longer than the follow-up turn took to be sent)."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if _index_blocks(replica).get(worker, 0) >= _index_blocks(source).get(worker, 0) > 0:
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"{replica.url} never indexed what {source.url} placed on {worker}")
+    until(lambda: _index_blocks(replica).get(worker, 0) >= _index_blocks(source).get(worker, 0) > 0,
+          f"{replica.url} indexes what {source.url} placed on {worker}", timeout_s=60)
 
 
 def _kept(first: dict[str, str], second: dict[str, str], i: int) -> bool:

@@ -16,8 +16,9 @@ import httpx
 import psutil
 import pytest
 
-from tests.engines.launchers.test_worker_lifecycle import REGISTRATION_KEY, _attempts, _gateway, _until
+from tests.engines.launchers.test_worker_lifecycle import REGISTRATION_KEY, _attempts, _gateway
 from tests.integration.vllm_support import ROOT, free_port_pair, stop_process, tiny_llama_dir, vllm_python, wait_healthy
+from tests.servers import until
 
 pytestmark = [pytest.mark.integration, pytest.mark.vllm]
 
@@ -40,15 +41,16 @@ def test_a_refused_vllm_worker_keeps_serving_and_dies_with_its_launcher(tmp_path
         engine = psutil.Process(proc.pid).children()
         assert len(engine) == 1, engine
         vllm += [engine[0], *engine[0].children(recursive=True)]  # the API server and its engine core
-        _until("a refused attempt, or the launcher's exit", lambda: _attempts(log) >= 1 or proc.poll() is not None)
+        until(lambda: _attempts(log) >= 1 or proc.poll() is not None, "a refused attempt, or the launcher's exit",
+              timeout_s=120)
         assert proc.poll() is None, log.read_text(errors="replace")[-3000:]
         reply = httpx.post(url + "/v1/completions", json={"model": "tiny", "prompt": "Hello", "max_tokens": 2},
                            timeout=120)
         assert reply.status_code == 200 and reply.json()["usage"]["completion_tokens"] >= 1
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait()
-        _until("every vLLM process exited after the launcher was killed",
-               lambda: all(not p.is_running() or p.status() == psutil.STATUS_ZOMBIE for p in vllm), timeout_s=180)
+        until(lambda: all(not p.is_running() or p.status() == psutil.STATUS_ZOMBIE for p in vllm),
+              "every vLLM process exited after the launcher was killed", timeout_s=180)
         with pytest.raises(httpx.ConnectError):
             httpx.get(url + "/health", timeout=5)
     finally:

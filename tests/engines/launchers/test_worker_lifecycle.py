@@ -17,8 +17,7 @@ import os
 import signal
 import subprocess
 import sys
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -27,23 +26,13 @@ import pytest
 
 from engines.weights import resolve_llm
 from tests.integration.vllm_support import free_port, stop_process, wait_healthy
-from tests.servers import Server, start_server
+from tests.servers import Server, start_server, until
 
 pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[3]
 STANDIN = ROOT / "tests" / "standins" / "trtllm_standin.py"
 REGISTRATION_KEY = "lifecycle-registration-key-0123456789"
-
-
-def _until(what: str, check: Callable[[], bool], timeout_s: float = 120.0) -> None:
-    """Bounded wait for an event (not a speed bound: generous, and a miss names what never happened)."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if check():
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"never: {what}")
 
 
 def _launch(gateway: str | None, name: str, log: Path, key: str = REGISTRATION_KEY,
@@ -97,8 +86,8 @@ def test_a_refused_registration_leaves_the_engine_serving(tmp_path: Path, procs:
     try:
         proc, url = _launch(gateway.url, "refused", tmp_path / "launcher.log", key="not-the-registration-key-0000")
         procs.append(proc)
-        _until("two refused attempts, or the launcher's exit",
-               lambda: _attempts(tmp_path / "launcher.log") >= 2 or proc.poll() is not None)
+        until(lambda: _attempts(tmp_path / "launcher.log") >= 2 or proc.poll() is not None,
+          "two refused attempts, or the launcher's exit", timeout_s=120)
         assert proc.poll() is None, (tmp_path / "launcher.log").read_text()[-2000:]
         assert httpx.get(url + "/health", timeout=10).status_code == 200
         assert not _listed(gateway, "refused")
@@ -112,15 +101,15 @@ def test_a_late_or_restarted_gateway_gets_the_worker(tmp_path: Path, procs: list
     port = free_port()
     proc, _ = _launch(f"http://127.0.0.1:{port}", "late", tmp_path / "launcher.log", check_s=0.5)
     procs.append(proc)
-    _until("a failed attempt while no gateway listens", lambda: _attempts(tmp_path / "launcher.log") >= 1)
+    until(lambda: _attempts(tmp_path / "launcher.log") >= 1, "a failed attempt while no gateway listens", timeout_s=120)
     first = _gateway(tmp_path, "first", port)
     try:
-        _until("registered with the gateway that came up late", lambda: _listed(first, "late"))
+        until(lambda: _listed(first, "late"), "registered with the gateway that came up late", timeout_s=120)
     finally:
         first.stop()
     second = _gateway(tmp_path, "second", port)  # same address, no shared state: it knows no workers
     try:
-        _until("registered again with the restarted gateway", lambda: _listed(second, "late"))
+        until(lambda: _listed(second, "late"), "registered again with the restarted gateway", timeout_s=120)
         assert proc.poll() is None
     finally:
         second.stop()
@@ -133,7 +122,7 @@ def test_a_killed_launcher_takes_its_engine_down(tmp_path: Path, procs: list) ->
     assert len(engine) == 1, engine
     os.kill(proc.pid, signal.SIGKILL)  # the launcher alone: no chance to stop its engine
     proc.wait()
-    _until("the engine exited after its launcher was killed", lambda: not engine[0].is_running()
-           or engine[0].status() == psutil.STATUS_ZOMBIE)
+    until(lambda: not engine[0].is_running() or engine[0].status() == psutil.STATUS_ZOMBIE,
+          "the engine exited after its launcher was killed", timeout_s=120)
     with pytest.raises(httpx.ConnectError):
         httpx.get(url + "/health", timeout=5)
