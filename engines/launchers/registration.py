@@ -130,8 +130,6 @@ class Keeper:
                  cap_s: float = 60.0, check_s: float = 30.0, source: str | None = None) -> None:
         self.gateway, self.record, self.key, self.source = gateway.rstrip("/"), record, key, source
         self.base_s, self.cap_s, self.check_s = base_s, cap_s, check_s
-        self.registered = threading.Event()  # set while the gateway is known to list the worker
-        self.attempts = 0  # registration attempts made, for the logs and the tests
         self.ever_registered = False
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="sluice-registration", daemon=True)
@@ -150,18 +148,17 @@ class Keeper:
 
     def _run(self) -> None:
         failures = 0
+        registered = False  # the gateway is known to list the worker
         while not self._stop.is_set():
-            if self.registered.is_set():
+            if registered:
                 if not self._stop.wait(self.check_s) and not self._listed():
                     log.warning("gateway %s no longer lists worker %s; registering it again", self.gateway,
                                 self.record.name)
-                    self.registered.clear()
+                    registered = False
                 continue
             try:
-                self.attempts += 1
                 register(self.gateway, self.record, self.key, attempts=1, source=self.source)
-                self.registered.set()
-                self.ever_registered = True
+                registered = self.ever_registered = True
                 failures = 0
             except RuntimeError as exc:
                 failures += 1
