@@ -26,7 +26,7 @@ import pytest
 import yaml
 
 from tests.integration.vllm_support import ROOT, free_port_pair, stop_process, tiny_llama_dir, wait_healthy
-from tests.servers import Server, free_port, metric_value, start_server
+from tests.servers import Server, free_port, metric_value, start_server, until
 
 pytestmark = pytest.mark.integration
 
@@ -166,6 +166,10 @@ def test_usage_finish_and_router_feedback_survive_the_splice(relays: Relays) -> 
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
     usage = chunks[-1].usage
     assert usage is not None and usage.completion_tokens == MAX_TOKENS
+    # The client may read [DONE] before the server has closed the dispatch (the router's in-flight
+    # count and the rest of the bookkeeping happen at that close): wait for it, bounded.
+    until(lambda: metric_value(_metrics(relays.fast), "sluice_router_worker_in_flight", {"worker": "sim-0"}) == 0,
+          "the dispatch closed after the stream's last event")
     after = _metrics(relays.fast)
 
     def grew(name: str, labels: dict[str, str]) -> float:
