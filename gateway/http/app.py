@@ -11,6 +11,7 @@ from prometheus_client import CollectorRegistry
 
 from engines.classic.manager import ModelRepositoryManager
 from gateway import __version__
+from gateway.anthropic import messages
 from gateway.app_state import AppState
 from gateway.cpu_pool import Renderer
 from gateway.discovery.attest import Attestations
@@ -131,7 +132,7 @@ def create_app(settings: Settings, llm_specs: list[LLMSpec] | None = None) -> Fa
     app.add_middleware(SluiceMiddleware, observe=observe,
                        max_inflight=inflight_limit(settings.max_inflight_requests, settings.frontends),
                        frontend=frontend[0] if frontend is not None else None)
-    for module in (chat, completions, embeddings, models, ops, admin, ui):
+    for module in (chat, completions, embeddings, models, messages, ops, admin, ui):
         app.include_router(module.router)
     if state.classic is not None:
         app.include_router(kserve_router(state.classic, state.llm))

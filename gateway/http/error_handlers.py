@@ -1,8 +1,10 @@
 """Exception handlers: every failure answered in the protocol of the route it hit.
 
 KServe v2 routes (`/v2...`) answer `{"error": "..."}` through the KServe table (`ErrorReply`);
-everything else answers OpenAI's error object through the OpenAI table. Each
-table lives with its protocol (`gateway/kserve/errors.py`, `gateway/openai/errors.py`).
+Anthropic's Messages routes (`/v1/messages...`) answer `{"type": "error", "error": {...}}`;
+everything else answers OpenAI's error object through the OpenAI table. Each table lives
+with its protocol (`gateway/kserve/errors.py`, `gateway/anthropic/errors.py`,
+`gateway/openai/errors.py`).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from engines.errors import ErrorKind, SluiceError
+from gateway.anthropic import errors as anthropic
 from gateway.kserve.errors import ErrorReply
 from gateway.openai.errors import OpenAIError
 
@@ -32,6 +35,8 @@ def error_json(path: str, exc: SluiceError) -> tuple[int, dict[str, Any], dict[s
     if is_kserve(path):
         reply = ErrorReply.of(exc)
         return reply.status, reply.body(), reply.headers
+    if anthropic.is_anthropic(path):
+        return anthropic.of(exc)
     err = OpenAIError.of(exc)
     return err.status_code, err.body(), err.headers
 
@@ -45,6 +50,8 @@ def status_error_bytes(path: str, status: int, message: str, code: str | None = 
     """The JSON error body of a bare HTTP status (the protocol layer's 431) on the route at `path`."""
     if is_kserve(path):
         return ErrorReply(status, message).body_bytes()
+    if anthropic.is_anthropic(path):
+        return json.dumps(anthropic.of_status(status, message)).encode()
     return json.dumps(OpenAIError.of_status(status, message, code=code).body()).encode()
 
 
@@ -88,6 +95,9 @@ async def _http(request: Request, exc: Exception) -> JSONResponse:
     if is_kserve(request.url.path):
         reply = ErrorReply(exc.status_code, str(exc.detail), headers)
         return JSONResponse(reply.body(), status_code=reply.status, headers=reply.headers)
+    if anthropic.is_anthropic(request.url.path):
+        return JSONResponse(anthropic.of_status(exc.status_code, str(exc.detail)), status_code=exc.status_code,
+                            headers=headers)
     err = OpenAIError.of_status(exc.status_code, str(exc.detail))
     return JSONResponse(err.body(), status_code=exc.status_code, headers=headers)
 

@@ -122,7 +122,7 @@ async def collect(d: Dispatch) -> dict[str, Any]:
             raise_if_failed(delta)
             texts[i].append(delta.text)
             if delta.chat_extra:
-                _merge_extra(extras[i], delta.chat_extra)
+                merge_extra(extras[i], delta.chat_extra)
             logprobs[i].extend(delta.logprobs or ())
             if delta.finish_reason:
                 finish[i] = finish_reason(delta.finish_reason)
@@ -137,7 +137,7 @@ async def collect(d: Dispatch) -> dict[str, Any]:
             "system_fingerprint": None, "choices": choices, "usage": tally.body()}
 
 
-def _merge_extra(acc: dict[str, Any], extra: dict[str, Any]) -> None:
+def merge_extra(acc: dict[str, Any], extra: dict[str, Any]) -> None:
     """Fold streamed chat extras (reasoning text, tool-call fragments) into a message."""
     for key, value in extra.items():
         if key == "tool_calls" and isinstance(value, list):

@@ -40,6 +40,8 @@ _ANY_OBJ: Schema = {"type": "object"}
 _OPENAI_ERROR = _obj(["error"], error=_obj(["message", "type"], message=_STR, type=_STR, param=_NULLABLE_STR,
                                            code={"type": ["string", "integer", "null"]}))
 _KSERVE_ERROR = _obj(["error"], error=_STR)
+_ANTHROPIC_ERROR = _obj(["type", "error"], type={"const": "error"}, error=_obj(["type", "message"], type=_STR,
+                                                                               message=_STR))
 
 _USAGE = _obj(["prompt_tokens", "completion_tokens", "total_tokens"], prompt_tokens=_INT,
               completion_tokens=_INT, total_tokens=_INT)
@@ -51,6 +53,10 @@ _CHAT = _obj(["id", "object", "created", "model", "choices"], id=_STR, object={"
 _COMPLETION = _obj(["id", "object", "created", "model", "choices"], id=_STR, object={"const": "text_completion"},
                    created=_INT, model=_STR, usage=_USAGE, choices={"type": "array", "items": _obj(
                        ["index", "text", "finish_reason"], index=_INT, text=_STR, finish_reason=_FINISH)})
+_MESSAGE = _obj(["id", "type", "role", "model", "content", "stop_reason", "usage"], id=_STR,
+                type={"const": "message"}, role={"const": "assistant"}, model=_STR, stop_reason=_NULLABLE_STR,
+                stop_sequence=_NULLABLE_STR, content={"type": "array", "items": _obj(["type"], type=_STR)},
+                usage=_obj(["input_tokens", "output_tokens"], input_tokens=_INT, output_tokens=_INT))
 # One server-sent event as schemathesis reads it; `tests/fuzz` checks each event's JSON payload.
 _SSE_EVENT = _obj(["data"], data=_STR)
 _MODEL_CARD = _obj(["id", "object", "created", "owned_by"], id=_STR, object={"const": "model"}, created=_INT,
@@ -75,7 +81,7 @@ COMPONENTS: dict[str, Schema] = {
     "OpenAIError": _OPENAI_ERROR, "KServeError": _KSERVE_ERROR, "ChatCompletion": _CHAT,
     "Completion": _COMPLETION, "ServerSentEvent": _SSE_EVENT, "ModelCard": _MODEL_CARD, "EmbeddingList": _EMBEDDINGS,
     "InferRequest": _INFER_REQUEST, "InferResponse": _INFER_RESPONSE, "GenerateRequest": _GENERATE_REQUEST,
-    "GenerateResponse": _GENERATE_RESPONSE,
+    "GenerateResponse": _GENERATE_RESPONSE, "AnthropicError": _ANTHROPIC_ERROR, "MessageResponse": _MESSAGE,
 }
 
 # Every status a route of each protocol may answer besides its success (see the error tables
@@ -83,6 +89,7 @@ COMPONENTS: dict[str, Schema] = {
 _OPENAI_STATUSES: tuple[str, ...] = ("400", "404", "405", "413", "500", "503")
 _KSERVE_STATUSES: tuple[str, ...] = ("400", "404", "405", "413", "500", "501", "503")
 _ADMIN_STATUSES: tuple[str, ...] = ("401", "403", "409")
+_ANTHROPIC_STATUSES: tuple[str, ...] = ("400", "404", "405", "413", "500", "529")  # gateway/anthropic/errors.py
 
 _JSON = "application/json"
 _SSE = "text/event-stream"
@@ -101,6 +108,8 @@ _SUCCESS: dict[tuple[str, str], tuple[str, dict[str, Any] | None]] = {
     ("post", "/v1/chat/completions"): ("200", _json_or_stream("ChatCompletion")),
     ("post", "/v1/completions"): ("200", _json_or_stream("Completion")),
     ("post", "/v1/embeddings"): ("200", _content(_ref("EmbeddingList"))),
+    ("post", "/v1/messages"): ("200", _json_or_stream("MessageResponse")),
+    ("post", "/v1/messages/count_tokens"): ("200", _content(_obj(["input_tokens"], input_tokens=_INT))),
     ("get", "/v1/models"): ("200", _content(_obj(["object", "data"], object={"const": "list"},
                                                  data={"type": "array", "items": _ref("ModelCard")}))),
     ("get", "/v1/models/{model_id}"): ("200", _content(_ref("ModelCard"))),
@@ -240,10 +249,11 @@ def _document_operation(path: str, method: str, op: dict[str, Any]) -> None:
     if path in _OPS:
         responses.update(_OPS[path])
         return
-    statuses = _KSERVE_STATUSES if kserve else _OPENAI_STATUSES
+    anthropic = path.startswith("/v1/messages")
+    statuses = _KSERVE_STATUSES if kserve else _ANTHROPIC_STATUSES if anthropic else _OPENAI_STATUSES
     if path.startswith("/v1/admin"):
         statuses += _ADMIN_STATUSES
-    error = _ref("KServeError" if kserve else "OpenAIError")
+    error = _ref("KServeError" if kserve else "AnthropicError" if anthropic else "OpenAIError")
     for status in statuses:
         responses.setdefault(status, {"description": "Error", "content": _content(error)})
     if suffix == "/ready":

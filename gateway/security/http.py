@@ -50,15 +50,19 @@ class AccessMiddleware:
             await self.app(scope, receive, send)
             return
         access = classify_path(scope.get("path", ""))
-        authorization = None
+        authorization = api_key = None
         for raw_name, raw_value in scope.get("headers", []):
-            if authorization is None and raw_name.lower() == b"authorization":
+            name = raw_name.lower()
+            if authorization is None and name == b"authorization":
                 authorization = raw_value.decode("latin-1")
+            elif api_key is None and name == b"x-api-key":  # Anthropic's SDKs send the key so
+                api_key = raw_value.decode("latin-1").strip() or None
         lease = None
         try:
             # Only admin routes care whether the peer is local: its address and headers are read for them alone.
             local, not_local = _is_local(scope) if access in ADMIN else (False, None)
-            principal = self.security.authenticate(access, bearer(authorization), local=local, not_local=not_local)
+            token = bearer(authorization) if authorization is not None else api_key
+            principal = self.security.authenticate(access, token, local=local, not_local=not_local)
             if access is Access.API and principal is not None:
                 lease = await self.security.quotas.admit(principal.id)
                 scope[SCOPE_KEY_ID] = principal.id

@@ -31,6 +31,15 @@ def test_openai_sync(ui_server: Server) -> None:
     assert lines(out, "completion: ")[0].strip()
 
 
+def test_anthropic_messages(ui_server: Server) -> None:
+    out = run_example("anthropic_messages.py", env=env_of(ui_server))
+    prompt = int(lines(out, "prompt tokens: ")[0])
+    assert "Paris" in lines(out, "reply: ")[0]
+    fresh, cached, output = map(int, re.findall(r"\d+", lines(out, "usage: ")[0]))
+    assert fresh + cached == prompt and output > 0
+    assert lines(out, "streamed: ")[0].strip() and lines(out, "streamed stop reason: ")[0] in ("end_turn", "max_tokens")
+
+
 def test_openai_async(ui_server: Server) -> None:
     out = run_example("openai_async.py", "--url", ui_server.url, env={"SLUICE_MODEL": LLM_NAME})
     replies = [line.split(" -> ", 1) for line in out.splitlines() if re.match(r"reply \d: ", line)]

@@ -8,11 +8,12 @@ number of cases each. Each response must:
   in model control mode "none", and a well-formed request the engine does not support (e.g. a
   penalty the transformers engine lacks) is KServe's 501 UNSUPPORTED (OpenAI routes answer 400);
 - carry a status, content type and body the document declares for the operation
-  (`gateway/routes/openapi.py` declares them; errors are OpenAI's error object on OpenAI routes and
-  `{"error": str}` on /v2 routes, which the document's error schemas and `error_in_protocol_shape`
-  both check);
+  (`gateway/routes/openapi.py` declares them; errors are OpenAI's error object on OpenAI routes,
+  Anthropic's `{"type": "error", "error": {...}}` on /v1/messages, and `{"error": str}` on /v2
+  routes, which the document's error schemas and `error_in_protocol_shape` all check);
 - for a negative case, be a 4xx refusal;
-- for a stream, be well-formed SSE: JSON events ending in `[DONE]` (OpenAI).
+- for a stream, be well-formed SSE: JSON events ending in `[DONE]` (OpenAI), or named events from
+  `message_start` to `message_stop` (Anthropic).
 After all cases the server process is alive, /health answers 200 and a plain chat completes.
 
 Constraints on generated cases, and why (`constrain` below):
@@ -62,12 +63,13 @@ pytestmark = pytest.mark.integration
 CLASSIC = "digits_onnx"
 TOKEN_CAP = 4
 FANOUT_CAP = 2
-_LLM_ROUTES = ("/v1/chat/completions", "/v1/completions", "/generate", "/generate_stream")
+_LLM_ROUTES = ("/v1/chat/completions", "/v1/completions", "/generate", "/generate_stream", "/v1/messages")
 
 OPENAI_OPERATIONS = [
     "POST /v1/chat/completions", "POST /v1/completions", "POST /v1/embeddings", "GET /v1/models",
     "GET /v1/models/{model_id}", "POST /tokenize", "POST /detokenize",
 ]
+ANTHROPIC_OPERATIONS = ["POST /v1/messages", "POST /v1/messages/count_tokens"]
 KSERVE_OPERATIONS = [
     "GET /v2", "GET /v2/health/live", "GET /v2/health/ready", "GET /v2/models/stats",
     "POST /v2/repository/index", "POST /v2/repository/models/{name}/load",
@@ -79,6 +81,7 @@ KSERVE_OPERATIONS = [
 ]
 NOT_FUZZED = {"GET /health", "GET /version", "GET /metrics"}
 REACH_SUCCESS = {"POST /v1/chat/completions", "POST /v1/completions", "POST /tokenize", "POST /detokenize",
+                 "POST /v1/messages", "POST /v1/messages/count_tokens",
                  "POST /v2/models/{name}/generate", "POST /v2/models/{name}/generate_stream", "GET /v2/models/{name}",
                  "POST /v2/models/{name}/infer"}
 
@@ -127,6 +130,9 @@ def error_in_protocol_shape(ctx: Any, response: schemathesis.Response, case: Cas
     body = json.loads(response.text)
     if case.path == "/v2" or case.path.startswith("/v2/"):
         assert isinstance(body, dict) and set(body) == {"error"} and isinstance(body["error"], str), body
+    elif case.path.startswith("/v1/messages"):
+        assert isinstance(body, dict) and body.get("type") == "error", body
+        assert isinstance(body["error"].get("message"), str) and body["error"].get("type"), body
     else:
         error = body.get("error") if isinstance(body, dict) else None
         assert isinstance(error, dict) and isinstance(error.get("message"), str) and error.get("type"), body
@@ -137,8 +143,15 @@ def sse_well_formed(ctx: Any, response: schemathesis.Response, case: Case) -> No
         return
     # SSE lines end only at CR, LF or CRLF; str.splitlines would also split a generated text's raw
     # U+2028 or NEL, which JSON does not escape.
-    data = [line[5:].strip() for line in re.split(r"\r\n|\r|\n", response.text) if line.startswith("data:")]
+    lines = re.split(r"\r\n|\r|\n", response.text)
+    data = [line[5:].strip() for line in lines if line.startswith("data:")]
     assert data, "an event stream without events"
+    if case.path.startswith("/v1/messages"):  # Anthropic's: named events, message_start ... message_stop
+        names = [line[6:].strip() for line in lines if line.startswith("event:")]
+        events = [json.loads(item) for item in data]
+        assert names == [e.get("type") for e in events], names
+        assert names[0] == "message_start" and names[-1] in ("message_stop", "error"), names
+        return
     openai = not case.path.startswith("/v2")
     if openai:
         assert data[-1] == "[DONE]", data[-3:]
@@ -233,12 +246,12 @@ def fuzz(api: schemathesis.BaseSchema, server: Server, label: str, mode: Generat
 
 def test_every_input_taking_route_is_fuzzed(api: schemathesis.BaseSchema) -> None:
     served = {result.ok().label for result in api.get_all_operations()}
-    fuzzed = set(OPENAI_OPERATIONS) | set(KSERVE_OPERATIONS)
+    fuzzed = set(OPENAI_OPERATIONS) | set(ANTHROPIC_OPERATIONS) | set(KSERVE_OPERATIONS)
     assert fuzzed <= served
     assert {label for label in served - fuzzed if not label.split()[1].startswith("/v1/admin")} == NOT_FUZZED
 
 
-@pytest.mark.parametrize("label", OPENAI_OPERATIONS + KSERVE_OPERATIONS)
+@pytest.mark.parametrize("label", OPENAI_OPERATIONS + ANTHROPIC_OPERATIONS + KSERVE_OPERATIONS)
 def test_route_survives_its_fuzz_cases(api: schemathesis.BaseSchema, server: Server, label: str) -> None:
     failures, statuses = [], Counter[int]()
     for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE):

@@ -12,7 +12,9 @@ import queue
 import secrets
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from unittest.mock import ANY
 
+import anthropic
 import httpx
 import numpy as np
 import openai
@@ -115,6 +117,23 @@ def test_a_valid_key_opens_openai_kserve_http_and_grpc(server: Server) -> None:
     out = g.infer("add_sub", add_sub_inputs(grpcclient), headers=bearer(TEAM_A))
     assert out.as_numpy("OUTPUT1").tolist() == [0.0] * 4
     assert sdk(server, BOTH).models.list().data  # a key listed as both opens inference too
+
+
+def test_anthropic_clients_send_the_key_as_x_api_key(server: Server) -> None:
+    """The `anthropic` SDK sends `x-api-key`; a refusal is in Anthropic's shape and never echoes the key."""
+    def claude(key: str) -> anthropic.Anthropic:
+        return anthropic.Anthropic(base_url=server.url, api_key=key, max_retries=0, timeout=120)
+
+    out = claude(TEAM_A).messages.create(model=LLM_NAME, max_tokens=2, messages=MSG)
+    assert out.usage.output_tokens > 0
+    with pytest.raises(anthropic.AuthenticationError) as e:
+        claude(INVALID).messages.create(model=LLM_NAME, max_tokens=2, messages=MSG)
+    assert e.value.body == {"type": "error", "error": {"type": "authentication_error", "message": ANY}}
+    assert INVALID not in e.value.response.text
+    with pytest.raises(anthropic.AuthenticationError):  # an admin key is not an API key
+        claude(ADMIN).messages.count_tokens(model=LLM_NAME, messages=MSG)
+    r = httpx.post(server.url + "/v1/messages", json={"model": LLM_NAME, "max_tokens": 2, "messages": MSG})
+    assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error"
 
 
 def test_kserve_http_answers_401_in_its_own_shape(server: Server) -> None:
