@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -17,6 +19,7 @@ from gateway.llm.metrics import LLMMetrics
 from gateway.llm.service import LLMService
 from gateway.llm.targets import RouteHints
 from gateway.llm.workers.pool import WorkerPool
+from gateway.response_store import ResponseStore
 from gateway.security.guard import Security
 from gateway.settings import Settings
 from router import Router
@@ -51,13 +54,28 @@ class AppState:
     attestations: Attestations = field(default_factory=Attestations)
     registration: Keeper | None = None  # worker mode (--register-with): keeps this server registered
     loop_lag: LoopLag | None = None  # the event loop's lag, sampled while the app runs
+    responses: ResponseStore = field(default_factory=ResponseStore)  # stored Responses API responses
 
 
 def state_of(request: Request) -> AppState:
     return request.app.state.sluice  # type: ignore[no-any-return]
 
 
+_MAX_SESSION_KEY = 256
+
+
+def session_key_of(headers: Mapping[str, str], names: Sequence[str]) -> str | None:
+    """The first of `names` the request carries; a value longer than 256 characters is replaced by its
+    SHA-256 (a client's value is hashed per worker by the session policy: its cost stays bounded)."""
+    for name in names:
+        value = headers.get(name)
+        if value:
+            return value if len(value) <= _MAX_SESSION_KEY else hashlib.sha256(value.encode()).hexdigest()
+    return None
+
+
 def hints_from(request: Request) -> RouteHints:
     st = state_of(request)
+    names = (st.router.config.session_header, *st.settings.session_headers)
     return RouteHints(policy=request.headers.get("x-routing-policy"),
-                      session_key=request.headers.get(st.router.config.session_header))
+                      session_key=session_key_of(request.headers, names))

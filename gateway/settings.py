@@ -94,6 +94,15 @@ class Settings(BaseSettings):
     # tokenized off the event loop; more is refused with 400. None: --max-body-bytes (gRPC's text_input too).
     max_prompt_chars: int | None = Field(default=None, ge=1)
     allow_client_chat_templates: bool = False  # a template is code the server runs
+    # Request headers agents send a session or conversation id in (Claude Code, Codex, ...), read after
+    # the router's own session header; the first present is the `session` policy's key. Lower case.
+    session_headers: tuple[str, ...] = ("x-claude-code-session-id", "session_id", "conversation_id",
+                                        "x-conversation-id")
+    # Stored Responses API responses (previous_response_id, GET, DELETE): at most this many, this many
+    # bytes (a record over an eighth of it is not kept) and this old; also in Redis with --redis-url.
+    responses_store_max: int = Field(default=10_000, ge=0)
+    responses_store_max_bytes: int = Field(default=256 * 1024 * 1024, ge=0)
+    responses_store_ttl_s: float = Field(default=7 * 86400.0, gt=0.0)
     served_llms: tuple[str, ...] = ()  # restrict which LLMs of the repository to load (empty: all)
     # /health: False, ready when this replica can serve (started, not draining, its own engines and
     # repository up); True, also every routed model must have a healthy worker (Triton's strict readiness).

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
 
 from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
@@ -29,6 +30,8 @@ from gateway.llm.service import LLMService
 from gateway.llm.tracing import Tracing
 from gateway.llm.workers.pool import WorkerPool
 from gateway.openai import chat, completions, embeddings, models
+from gateway.openai.responses import routes as responses
+from gateway.response_store import ResponseStore
 from gateway.routes import admin, openapi, ops, ui
 from gateway.security.guard import build_security
 from gateway.security.http import AccessMiddleware
@@ -81,6 +84,8 @@ def build_state(settings: Settings) -> AppState:
                      renderer=renderer, security=security,
                      attestations=Attestations(settings.redis_url, settings.redis_options(),
                                                mac_key=settings.attestation_key))
+    state.responses = ResponseStore(settings.responses_store_max, settings.responses_store_max_bytes,
+                                    settings.responses_store_ttl_s, redis=_redis(settings))
     if settings.model_repository is not None:
         state.classic = ModelRepositoryManager(settings.model_repository, control_mode=settings.model_control_mode,
                                                startup_models=list(settings.load_models),
@@ -90,6 +95,19 @@ def build_state(settings: Settings) -> AppState:
     registry.register(RelayEventsCollector(state.workers.relay_counts))
     state.loop_lag = LoopLag(registry, on_restart=router.metrics.task_restarts.labels(TASK, "").inc)
     return state
+
+
+def _redis(settings: Settings) -> Any:
+    """A Redis client for the gateway's own records (stored responses), or None without --redis-url."""
+    if not settings.redis_url:
+        return None
+    import redis.asyncio as aioredis
+    from redis.asyncio.retry import Retry
+    from redis.backoff import NoBackoff
+
+    options: dict[str, Any] = dict(settings.redis_options())
+    return aioredis.Redis.from_url(settings.redis_url, socket_timeout=1.0, socket_connect_timeout=1.0,
+                                   retry=Retry(NoBackoff(), 1), **options)
 
 
 def create_app(settings: Settings, llm_specs: list[LLMSpec] | None = None) -> FastAPI:
@@ -132,7 +150,7 @@ def create_app(settings: Settings, llm_specs: list[LLMSpec] | None = None) -> Fa
     app.add_middleware(SluiceMiddleware, observe=observe,
                        max_inflight=inflight_limit(settings.max_inflight_requests, settings.frontends),
                        frontend=frontend[0] if frontend is not None else None)
-    for module in (chat, completions, embeddings, models, messages, ops, admin, ui):
+    for module in (chat, completions, embeddings, models, responses, messages, ops, admin, ui):
         app.include_router(module.router)
     if state.classic is not None:
         app.include_router(kserve_router(state.classic, state.llm))

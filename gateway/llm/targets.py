@@ -31,6 +31,9 @@ class Target:
 class RouteHints:
     policy: str | None = None  # X-Routing-Policy
     session_key: str | None = None  # the router's session header (X-Session-Id by default)
+    # The worker that served the conversation's previous turn (a Responses previous_response_id):
+    # preferred under the prefix policy unless the cost model predicts another clearly faster.
+    prefer_worker: str | None = None
 
 
 class Backend(Protocol):

@@ -57,6 +57,8 @@ _MESSAGE = _obj(["id", "type", "role", "model", "content", "stop_reason", "usage
                 type={"const": "message"}, role={"const": "assistant"}, model=_STR, stop_reason=_NULLABLE_STR,
                 stop_sequence=_NULLABLE_STR, content={"type": "array", "items": _obj(["type"], type=_STR)},
                 usage=_obj(["input_tokens", "output_tokens"], input_tokens=_INT, output_tokens=_INT))
+_RESPONSE = _obj(["id", "object", "created_at", "status", "model", "output"], id=_STR, object={"const": "response"},
+                 created_at=_INT, status=_STR, model=_STR, output={"type": "array", "items": _obj(["type"], type=_STR)})
 # One server-sent event as schemathesis reads it; `tests/fuzz` checks each event's JSON payload.
 _SSE_EVENT = _obj(["data"], data=_STR)
 _MODEL_CARD = _obj(["id", "object", "created", "owned_by"], id=_STR, object={"const": "model"}, created=_INT,
@@ -82,6 +84,7 @@ COMPONENTS: dict[str, Schema] = {
     "Completion": _COMPLETION, "ServerSentEvent": _SSE_EVENT, "ModelCard": _MODEL_CARD, "EmbeddingList": _EMBEDDINGS,
     "InferRequest": _INFER_REQUEST, "InferResponse": _INFER_RESPONSE, "GenerateRequest": _GENERATE_REQUEST,
     "GenerateResponse": _GENERATE_RESPONSE, "AnthropicError": _ANTHROPIC_ERROR, "MessageResponse": _MESSAGE,
+    "ResponseObject": _RESPONSE,
 }
 
 # Every status a route of each protocol may answer besides its success (see the error tables
@@ -109,6 +112,13 @@ _SUCCESS: dict[tuple[str, str], tuple[str, dict[str, Any] | None]] = {
     ("post", "/v1/completions"): ("200", _json_or_stream("Completion")),
     ("post", "/v1/embeddings"): ("200", _content(_ref("EmbeddingList"))),
     ("post", "/v1/messages"): ("200", _json_or_stream("MessageResponse")),
+    ("post", "/v1/responses"): ("200", _json_or_stream("ResponseObject")),
+    ("get", "/v1/responses/{response_id}"): ("200", _content(_ref("ResponseObject"))),
+    ("delete", "/v1/responses/{response_id}"): ("200", _content(_obj(["id", "object", "deleted"], id=_STR,
+                                                                      object=_STR, deleted={"type": "boolean"}))),
+    ("get", "/v1/responses/{response_id}/input_items"): ("200", _content(_obj(
+        ["object", "data", "has_more"], object={"const": "list"}, has_more={"type": "boolean"},
+        data={"type": "array", "items": _obj(["type"], type=_STR)}))),
     ("post", "/v1/messages/count_tokens"): ("200", _content(_obj(["input_tokens"], input_tokens=_INT))),
     ("get", "/v1/models"): ("200", _content(_obj(["object", "data"], object={"const": "list"},
                                                  data={"type": "array", "items": _ref("ModelCard")}))),

@@ -40,6 +40,15 @@ def test_anthropic_messages(ui_server: Server) -> None:
     assert lines(out, "streamed: ")[0].strip() and lines(out, "streamed stop reason: ")[0] in ("end_turn", "max_tokens")
 
 
+def test_openai_responses(ui_server: Server) -> None:
+    out = run_example("openai_responses.py", env=env_of(ui_server))
+    assert "Paris" in lines(out, "first: ")[0] and lines(out, "second: ")[0].strip()
+    second, first = map(int, re.findall(r"\d+", lines(out, "second turn prompt tokens: ")[0]))
+    assert second > first  # the first turn was carried into the second
+    assert lines(out, "streamed: ")[0].strip() and lines(out, "stored: ") == ["True"]
+    assert "deleted the first response" in out
+
+
 def test_openai_async(ui_server: Server) -> None:
     out = run_example("openai_async.py", "--url", ui_server.url, env={"SLUICE_MODEL": LLM_NAME})
     replies = [line.split(" -> ", 1) for line in out.splitlines() if re.match(r"reply \d: ", line)]

@@ -12,7 +12,8 @@ number of cases each. Each response must:
   Anthropic's `{"type": "error", "error": {...}}` on /v1/messages, and `{"error": str}` on /v2
   routes, which the document's error schemas and `error_in_protocol_shape` all check);
 - for a negative case, be a 4xx refusal;
-- for a stream, be well-formed SSE: JSON events ending in `[DONE]` (OpenAI), or named events from
+- for a stream, be well-formed SSE: JSON events ending in `[DONE]` (OpenAI chat and completions),
+  numbered events from `response.created` to a terminal one (Responses), or named events from
   `message_start` to `message_stop` (Anthropic).
 After all cases the server process is alive, /health answers 200 and a plain chat completes.
 
@@ -63,13 +64,16 @@ pytestmark = pytest.mark.integration
 CLASSIC = "digits_onnx"
 TOKEN_CAP = 4
 FANOUT_CAP = 2
-_LLM_ROUTES = ("/v1/chat/completions", "/v1/completions", "/generate", "/generate_stream", "/v1/messages")
+_LLM_ROUTES = ("/v1/chat/completions", "/v1/completions", "/generate", "/generate_stream", "/v1/messages",
+               "/v1/responses")
 
 OPENAI_OPERATIONS = [
     "POST /v1/chat/completions", "POST /v1/completions", "POST /v1/embeddings", "GET /v1/models",
     "GET /v1/models/{model_id}", "POST /tokenize", "POST /detokenize",
 ]
 ANTHROPIC_OPERATIONS = ["POST /v1/messages", "POST /v1/messages/count_tokens"]
+RESPONSES_OPERATIONS = ["POST /v1/responses", "GET /v1/responses/{response_id}", "DELETE /v1/responses/{response_id}",
+                        "GET /v1/responses/{response_id}/input_items"]
 KSERVE_OPERATIONS = [
     "GET /v2", "GET /v2/health/live", "GET /v2/health/ready", "GET /v2/models/stats",
     "POST /v2/repository/index", "POST /v2/repository/models/{name}/load",
@@ -81,7 +85,7 @@ KSERVE_OPERATIONS = [
 ]
 NOT_FUZZED = {"GET /health", "GET /version", "GET /metrics"}
 REACH_SUCCESS = {"POST /v1/chat/completions", "POST /v1/completions", "POST /tokenize", "POST /detokenize",
-                 "POST /v1/messages", "POST /v1/messages/count_tokens",
+                 "POST /v1/messages", "POST /v1/messages/count_tokens", "POST /v1/responses",
                  "POST /v2/models/{name}/generate", "POST /v2/models/{name}/generate_stream", "GET /v2/models/{name}",
                  "POST /v2/models/{name}/infer"}
 
@@ -152,6 +156,12 @@ def sse_well_formed(ctx: Any, response: schemathesis.Response, case: Case) -> No
         assert names == [e.get("type") for e in events], names
         assert names[0] == "message_start" and names[-1] in ("message_stop", "error"), names
         return
+    if case.path.startswith("/v1/responses"):  # the Responses API's: named, numbered, no [DONE]
+        events = [json.loads(item) for item in data]
+        assert [e["sequence_number"] for e in events] == list(range(len(events))), events[:3]
+        assert events[0]["type"] == "response.created", events[0]
+        assert events[-1]["type"] in ("response.completed", "response.incomplete", "response.failed"), events[-1]
+        return
     openai = not case.path.startswith("/v2")
     if openai:
         assert data[-1] == "[DONE]", data[-3:]
@@ -202,6 +212,8 @@ def constrain(case: Case, pick: int) -> None:
             path["name"] = CLASSIC
     if any(case.path.endswith(r) for r in _LLM_ROUTES):
         tokens = ("max_tokens", "max_completion_tokens", "max_new_tokens", "min_tokens")
+        if case.path.endswith("/v1/responses"):
+            tokens = ("max_output_tokens", "min_tokens")
         _cap(body, tokens, TOKEN_CAP, fill=positive)
         _cap(body, ("n", "best_of"), FANOUT_CAP, fill=False)
         if positive and "best_of" in body:
@@ -246,12 +258,12 @@ def fuzz(api: schemathesis.BaseSchema, server: Server, label: str, mode: Generat
 
 def test_every_input_taking_route_is_fuzzed(api: schemathesis.BaseSchema) -> None:
     served = {result.ok().label for result in api.get_all_operations()}
-    fuzzed = set(OPENAI_OPERATIONS) | set(ANTHROPIC_OPERATIONS) | set(KSERVE_OPERATIONS)
+    fuzzed = set(OPENAI_OPERATIONS) | set(ANTHROPIC_OPERATIONS) | set(RESPONSES_OPERATIONS) | set(KSERVE_OPERATIONS)
     assert fuzzed <= served
     assert {label for label in served - fuzzed if not label.split()[1].startswith("/v1/admin")} == NOT_FUZZED
 
 
-@pytest.mark.parametrize("label", OPENAI_OPERATIONS + ANTHROPIC_OPERATIONS + KSERVE_OPERATIONS)
+@pytest.mark.parametrize("label", OPENAI_OPERATIONS + ANTHROPIC_OPERATIONS + RESPONSES_OPERATIONS + KSERVE_OPERATIONS)
 def test_route_survives_its_fuzz_cases(api: schemathesis.BaseSchema, server: Server, label: str) -> None:
     failures, statuses = [], Counter[int]()
     for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE):

@@ -136,6 +136,18 @@ def test_anthropic_clients_send_the_key_as_x_api_key(server: Server) -> None:
     assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error"
 
 
+def test_a_stored_response_is_visible_only_to_the_key_that_made_it(server: Server) -> None:
+    mine = sdk(server, TEAM_A).responses.create(model=LLM_NAME, input="Hi", max_output_tokens=2)
+    other = sdk(server, BOTH)
+    for attempt in (lambda: other.responses.retrieve(mine.id), lambda: other.responses.delete(mine.id),
+                    lambda: other.responses.input_items.list(mine.id),
+                    lambda: other.responses.create(model=LLM_NAME, input="And?", max_output_tokens=2,
+                                                   previous_response_id=mine.id)):
+        with pytest.raises(openai.NotFoundError):  # as if it did not exist: its existence is not leaked
+            attempt()
+    assert sdk(server, TEAM_A).responses.retrieve(mine.id).id == mine.id
+
+
 def test_kserve_http_answers_401_in_its_own_shape(server: Server) -> None:
     client = http_client(server)
     assert client.is_server_live() and client.is_server_ready()  # load balancers' probes stay open

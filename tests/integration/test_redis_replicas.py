@@ -127,29 +127,53 @@ def _stop_all(servers: list[Server]) -> None:
         s.stop()
 
 
-def test_conversation_moves_replica_but_keeps_its_worker(workers: list[Worker], redis_url: str,
-                                                         tmp_path: Path) -> None:
-    a = gateway_over(workers, tmp_path / "a", "--redis-url", redis_url)
+@pytest.fixture(scope="module")
+def replicas(workers: list[Worker], redis_url: str, tmp_path_factory: pytest.TempPathFactory
+             ) -> Iterator[tuple[Server, Server]]:
+    """Two gateway replicas in front of both workers, sharing one Redis."""
+    tmp = tmp_path_factory.mktemp("replicas")
+    a = gateway_over(workers, tmp / "a", "--redis-url", redis_url)
     try:
-        b = gateway_over(workers, tmp_path / "b", "--redis-url", redis_url)
+        b = gateway_over(workers, tmp / "b", "--redis-url", redis_url)
     except BaseException:
         a.stop()
         raise
-    try:
-        kept: list[int] = []
-        for i in range(CONVERSATIONS):
-            messages = _opening("events", i)
-            h1, first = _chat(a, messages)
-            _settled(b, workers)
-            h2, second = _chat(b, _continue(messages, first, i))
-            if _kept(h1, h2, i):
-                kept.append(i)
-                # The continuation really used the cache its first turn left on that worker.
-                cached = second["usage"]["prompt_tokens_details"]["cached_tokens"]
-                assert cached >= 3 * BLOCK, (i, cached)
-        assert any(kept), "every continued turn went elsewhere for load"
-    finally:
-        _stop_all([b, a])
+    yield a, b
+    _stop_all([b, a])
+
+
+def test_conversation_moves_replica_but_keeps_its_worker(workers: list[Worker], replicas: tuple[Server, Server]
+                                                         ) -> None:
+    a, b = replicas
+    kept: list[int] = []
+    for i in range(CONVERSATIONS):
+        messages = _opening("events", i)
+        h1, first = _chat(a, messages)
+        _settled(b, workers)
+        h2, second = _chat(b, _continue(messages, first, i))
+        if _kept(h1, h2, i):
+            kept.append(i)
+            # The continuation really used the cache its first turn left on that worker.
+            cached = second["usage"]["prompt_tokens_details"]["cached_tokens"]
+            assert cached >= 3 * BLOCK, (i, cached)
+    assert any(kept), "every continued turn went elsewhere for load"
+
+
+def test_a_stored_response_continues_on_the_other_replica(replicas: tuple[Server, Server]) -> None:
+    """`previous_response_id` from replica A, continued on replica B: the record came through Redis."""
+    a, b = replicas
+    first = httpx.post(a.url + "/v1/responses", timeout=120, json={
+        "model": MODEL, "input": "Remember the number 7.", "max_output_tokens": 4, "temperature": 0})
+    assert first.status_code == 200, first.text
+    body = {"model": MODEL, "input": "Which number?", "max_output_tokens": 4, "temperature": 0}
+    alone = httpx.post(b.url + "/v1/responses", timeout=120, json={**body, "store": False}).json()
+    second = httpx.post(b.url + "/v1/responses", timeout=120,
+                        json={**body, "previous_response_id": first.json()["id"]})
+    assert second.status_code == 200, second.text
+    assert second.json()["usage"]["input_tokens"] > alone["usage"]["input_tokens"] + 4
+    assert httpx.get(b.url + f"/v1/responses/{first.json()['id']}", timeout=30).json()["id"] == first.json()["id"]
+    assert httpx.delete(b.url + f"/v1/responses/{first.json()['id']}", timeout=30).status_code == 200
+    assert httpx.get(a.url + f"/v1/responses/{first.json()['id']}", timeout=30).status_code == 404  # everywhere
 
 
 def _workers_file(workers: list[Worker], path: Path) -> Path:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Sequence
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -27,7 +28,7 @@ from gateway.llm.capacity import frontend_share, model_capacity
 from gateway.llm.registry import ModelRegistry
 from gateway.llm.targets import RouteHints, Target
 from gateway.llm.workers.probe import context_length, discover_kv_events, engine_capacity, model_cards
-from router import NoWorkerError, Router, WorkerInfo
+from router import Candidate, NoWorkerError, Router, WorkerInfo
 
 log = logging.getLogger("sluice.workers")
 _CAPACITY_REFRESH_S = 1.0  # how soon a model's admission limits follow a worker's health
@@ -86,6 +87,8 @@ class RoutedBackend:
         if not targets:
             raise SluiceError(f"no healthy worker serves model `{self.model}`", ErrorKind.NO_WORKER,
                               retry_after_s=1.0)
+        if hints.prefer_worker and (hints.policy or router.config.policy) == "prefix":
+            return _prefer(targets, ranking.candidates, hints.prefer_worker)
         return targets
 
     def engines(self) -> Sequence[tuple[str, LLMEngine]]:
@@ -94,6 +97,22 @@ class RoutedBackend:
 
     def ready(self) -> bool:
         return any(w.healthy and not w.draining for w in self.pool.router.workers() if self.model in w.models)
+
+
+# How much slower (predicted seconds) the previous turn's worker may be than the best and still get
+# the turn: its cache holds the conversation even where the index cannot see it yet (a prefix
+# shorter than a KV block, events in flight), and moving a conversation costs its whole prefill.
+PREFER_SLACK_S, PREFER_SLACK_RATIO = 0.05, 0.25
+
+
+def _prefer(targets: list[Target], candidates: Sequence[Candidate], worker: str) -> list[Target]:
+    costs = {c.worker: c.cost for c in candidates}
+    best = min(costs.get(t.name, float("inf")) for t in targets)
+    mine = next((t for t in targets if t.name == worker), None)
+    if mine is None or targets[0] is mine or costs.get(worker, float("inf")) > best * (1 + PREFER_SLACK_RATIO) + \
+            PREFER_SLACK_S:
+        return targets
+    return [replace(mine, reason="previous_response"), *(t for t in targets if t is not mine)]
 
 
 class WorkerPool:
