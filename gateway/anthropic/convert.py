@@ -144,9 +144,7 @@ def to_chat(body: Conversation, *, stream: bool = False) -> ChatCompletionReques
     chat: dict[str, Any] = {"model": body.model, "messages": chat_messages(body), **_tools(body)}
     if isinstance(body, MessagesRequest):
         chat.update({"max_tokens": body.max_tokens, "stream": stream, "temperature": body.temperature,
-                     "top_p": body.top_p, "top_k": body.top_k, "seed": body.seed, "ignore_eos": body.ignore_eos,
-                     "min_tokens": body.min_tokens, "repetition_penalty": body.repetition_penalty,
-                     "structured_outputs": body.structured_outputs, "cache_salt": body.cache_salt})
+                     "top_p": body.top_p, **body.vllm_extras()})
         if body.stop_sequences:
             chat.update({"stop": body.stop_sequences, "include_stop_str_in_output": True})
         if body.metadata is not None and body.metadata.user_id:

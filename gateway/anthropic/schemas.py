@@ -13,6 +13,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag
 
+from gateway.openai.schemas import VllmExtras
+
 MAX_MESSAGES = 4096
 MAX_BLOCKS = 1024
 MAX_TOOLS = 512
@@ -134,7 +136,9 @@ class Conversation(_Strict):
     workspace_id: str | None = Field(default=None, max_length=256)
 
 
-class MessagesRequest(Conversation):
+class MessagesRequest(Conversation, VllmExtras):
+    """vLLM's extras (`VllmExtras`, top_k among them) come as Sluice's chat takes them."""
+
     max_tokens: int = Field(ge=1)
     stop_sequences: list[Annotated[str, Field(min_length=1, max_length=256)]] | None = Field(
         default=None, max_length=MAX_STOP_SEQUENCES)
@@ -142,15 +146,7 @@ class MessagesRequest(Conversation):
     # Sampling, as the Messages API long took it (current SDKs send it through extra_body).
     temperature: float | None = Field(default=None, ge=0.0, le=1.0)
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
-    top_k: int | None = Field(default=None, ge=1)
     metadata: Metadata | None = None
-    # vLLM's extras, as Sluice's chat takes them (and vLLM's own Messages endpoint takes its own).
-    seed: int | None = None
-    ignore_eos: bool = False
-    min_tokens: int = 0
-    repetition_penalty: float = 1.0
-    structured_outputs: dict[str, Any] | None = None
-    cache_salt: str | None = Field(default=None, min_length=1, max_length=128, pattern=r"^[^@/\\\x00]+$")
     service_tier: str | None = Field(default=None, max_length=64)  # Anthropic's own: accepted, not acted on
 
 

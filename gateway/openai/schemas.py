@@ -72,6 +72,25 @@ class _Sampling(_Base):
     cache_salt: str | None = Field(default=None, min_length=1, max_length=128, pattern=r"^[^@/\\\x00]+$")
 
 
+class VllmExtras(BaseModel):
+    """vLLM's sampling extras the Responses and Messages routes take as chat does (chat declares them
+    in `_Sampling`), so a client of any API can ask the engine for the same things."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    seed: int | None = None
+    top_k: int | None = None
+    ignore_eos: bool = False
+    min_tokens: int = 0
+    repetition_penalty: float = 1.0
+    structured_outputs: dict[str, Any] | None = None
+    cache_salt: str | None = Field(default=None, min_length=1, max_length=128, pattern=r"^[^@/\\\x00]+$")
+
+    def vllm_extras(self) -> dict[str, Any]:
+        """The extras as chat request fields."""
+        return self.model_dump(include=set(VllmExtras.model_fields), exclude_none=True)
+
+
 class ContentPart(_Base):
     type: str
     text: str | None = None

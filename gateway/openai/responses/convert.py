@@ -135,11 +135,9 @@ def to_chat(body: ResponsesRequest, history: list[dict[str, Any]]
         raise SluiceError("input must hold at least one message", ErrorKind.INVALID_ARG, param="input")
     chat: dict[str, Any] = {
         "model": body.model, "messages": messages, "stream": body.stream, "max_tokens": body.max_output_tokens,
-        "temperature": body.temperature, "top_p": body.top_p, "top_k": body.top_k, "seed": body.seed,
-        "tool_choice": _tool_choice(body.tool_choice), "parallel_tool_calls": body.parallel_tool_calls,
-        "response_format": _response_format(body), "user": body.user or body.safety_identifier,
-        "ignore_eos": body.ignore_eos, "min_tokens": body.min_tokens, "repetition_penalty": body.repetition_penalty,
-        "structured_outputs": body.structured_outputs, "cache_salt": body.cache_salt}
+        "temperature": body.temperature, "top_p": body.top_p, "tool_choice": _tool_choice(body.tool_choice),
+        "parallel_tool_calls": body.parallel_tool_calls, "response_format": _response_format(body),
+        "user": body.user or body.safety_identifier, **body.vllm_extras()}
     if body.tools:
         chat["tools"] = [{"type": "function", "function": {
             "name": t.name, "description": t.description or "", "parameters": t.parameters or {"type": "object"}}}

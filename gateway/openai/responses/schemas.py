@@ -12,6 +12,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag
 
+from gateway.openai.schemas import VllmExtras
+
 MAX_ITEMS = 4096
 MAX_PARTS = 1024
 MAX_TOOLS = 512
@@ -107,7 +109,9 @@ class TextConfig(_Strict):
     verbosity: str | None = Field(default=None, max_length=16)  # a hint for OpenAI's models: not acted on
 
 
-class ResponsesRequest(_Strict):
+class ResponsesRequest(_Strict, VllmExtras):
+    """vLLM's extras (`VllmExtras`) come as Sluice's chat takes them."""
+
     model: str = Field(max_length=256)
     input: str | list[Item] = Field(max_length=MAX_ITEMS)
     instructions: str | None = None
@@ -137,11 +141,3 @@ class ResponsesRequest(_Strict):
     prompt: Any = None
     max_tool_calls: int | None = Field(default=None, ge=1)
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
-    # vLLM's extras, as Sluice's chat takes them.
-    seed: int | None = None
-    top_k: int | None = None
-    ignore_eos: bool = False
-    min_tokens: int = 0
-    repetition_penalty: float = 1.0
-    structured_outputs: dict[str, Any] | None = None
-    cache_salt: str | None = Field(default=None, min_length=1, max_length=128, pattern=r"^[^@/\\\x00]+$")
