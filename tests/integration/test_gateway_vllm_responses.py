@@ -84,7 +84,7 @@ def test_an_agent_loop_stays_on_the_worker_holding_its_prefix(gateway: Server) -
         r = raw.parse()
         worker = raw.headers["x-sluice-worker"]
         first_worker = first_worker or worker
-        assert worker == first_worker, (turn, worker, first_worker)
+        assert worker == first_worker, (turn, worker, first_worker, raw.headers.get("x-sluice-route-reason"))
         prompts.append(r.usage.input_tokens)
         cached.append(r.usage.input_tokens_details.cached_tokens)
         previous = r.id

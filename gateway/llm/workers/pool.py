@@ -101,8 +101,10 @@ class RoutedBackend:
 
 # How much slower (predicted seconds) the previous turn's worker may be than the best and still get
 # the turn: its cache holds the conversation even where the index cannot see it yet (a prefix
-# shorter than a KV block, events in flight), and moving a conversation costs its whole prefill.
-PREFER_SLACK_S, PREFER_SLACK_RATIO = 0.05, 0.25
+# shorter than a KV block, events in flight), its load may be a scrape older than the turn that
+# just ended there, and moving a conversation costs its whole prefill. Only a clear advantage
+# (half as fast again and a quarter second) moves it.
+PREFER_SLACK_S, PREFER_SLACK_RATIO = 0.25, 0.5
 
 
 def _prefer(targets: list[Target], candidates: Sequence[Candidate], worker: str) -> list[Target]:
