@@ -186,8 +186,8 @@ def _cap(params: dict[str, Any], keys: tuple[str, ...], cap: int, *, fill: bool)
     if fill and params.get(keys[0]) is None:
         params[keys[0]] = cap
     for key in keys:
-        value = params.get(key)
-        if isinstance(value, int) and not isinstance(value, bool) and value > cap:
+        value = params.get(key)  # a float counts: 4000.0 is an integer to pydantic (and to OpenAI)
+        if isinstance(value, int | float) and not isinstance(value, bool) and value > cap:
             params[key] = cap
 
 
@@ -214,7 +214,8 @@ def constrain(case: Case, pick: int) -> None:
         tokens = ("max_tokens", "max_completion_tokens", "max_new_tokens", "min_tokens")
         if case.path.endswith("/v1/responses"):
             tokens = ("max_output_tokens", "min_tokens")
-        _cap(body, tokens, TOKEN_CAP, fill=positive)
+        # A negative case the server still takes must not generate to the model's limit either.
+        _cap(body, tokens, TOKEN_CAP, fill=positive or case.path.endswith("/v1/responses"))
         _cap(body, ("n", "best_of"), FANOUT_CAP, fill=False)
         if positive and "best_of" in body:
             body["best_of"] = body.get("n", 1)  # best_of other than n is refused as unsupported

@@ -31,7 +31,9 @@ def test_no_route_documents_fastapis_422_and_errors_are_in_the_routes_protocol(d
             if int(status) < 400 or path in ("/health", "/version", "/metrics") or path.endswith("/ready"):
                 continue
             ref = response["content"]["application/json"]["schema"]["$ref"]
-            assert ref.endswith("/KServeError" if kserve else "/OpenAIError"), (method, path, status)
+            expected = "/KServeError" if kserve else "/AnthropicError" if path.startswith("/v1/messages") else \
+                "/OpenAIError"
+            assert ref.endswith(expected), (method, path, status)
         assert "400" in op["responses"] or path in ("/health", "/version", "/metrics"), (method, path)
 
 
