@@ -128,16 +128,20 @@ async def _mid_stream(http: httpx.AsyncClient, tag: str, short_tokens: int, by_n
     while that stream is certainly unfinished, so the fault lands mid-stream. The engines are
     braked while the streams start (see `EngineBrake`), since on a loaded machine tiny-llama can
     finish the long answer before the short one's first token; if the long stream still ends
-    instead of going quiet once held, the scenario is set up again (at most three times). Once the
+    instead of going quiet once held, the scenario is set up again (at most five times). Once the
     long one is held, the short one's engine is let go of the brake."""
     long_tokens = 1900
     brake = stack.enter_context(EngineBrake([w.proc.pid for w in by_name.values()]))
-    for attempt in range(3):
+    why: list[str] = []  # per attempt, what spoiled it (named in the failure)
+    for attempt in range(5):
         streams, tasks = await _two_streams(http, f"{tag} {attempt}", long_tokens, short_tokens)
         # Tokens, not events: the gateway merges the tokens that arrive together into one event.
-        if not tasks[0].done() and streams[0].tokens < long_tokens // 2 \
-                and await held_mid_stream(tasks[0], lambda s=streams[0]: len(s.payloads), brake,
-                                          [by_name[streams[0].worker].proc.pid]):
+        if tasks[0].done() or streams[0].tokens >= long_tokens // 2:
+            why.append(f"{streams[0].tokens} tokens read before the hold (done: {tasks[0].done()})")
+        elif not await held_mid_stream(tasks[0], lambda s=streams[0]: len(s.payloads), brake,
+                                       [by_name[streams[0].worker].proc.pid]):
+            why.append(f"ended while held, after {streams[0].tokens} tokens")
+        else:
             # The other engine runs freely from here: braked on a loaded machine it once went 3 s
             # without a token, and the gateway's stall bound (rightly) gave its stream up.
             brake.free([by_name[streams[1].worker].proc.pid])
@@ -145,7 +149,7 @@ async def _mid_stream(http: httpx.AsyncClient, tag: str, short_tokens: int, by_n
         for t in tasks:  # hanging up aborts them: braked, they would take minutes
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-    raise AssertionError("the long stream kept finishing before the fault")
+    raise AssertionError(f"the long stream kept finishing before the fault: {why}")
 
 
 def _metric(gateway: Server, name: str, labels: dict[str, str]) -> float:
