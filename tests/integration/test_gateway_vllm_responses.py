@@ -41,6 +41,11 @@ def test_create_and_stream(gateway: Server) -> None:
     assert final.type == "response.incomplete" and final.response.incomplete_details.reason == "max_output_tokens"
     assert text == final.response.output_text == r.output_text
     assert final.response.usage.input_tokens == r.usage.input_tokens
+    got = c.responses.retrieve(r.id)  # kept by the gateway: vLLM keeps none
+    assert got.output_text == r.output_text and got.usage.output_tokens == 8
+    c.responses.delete(r.id)  # the SDK returns nothing for a delete
+    with pytest.raises(openai.NotFoundError):
+        c.responses.retrieve(r.id)
 
 
 def test_a_function_tool_round_trip(gateway: Server) -> None:
