@@ -106,7 +106,8 @@ async def _disconnected(receive: Receive) -> None:
         pass
 
 
-def _dumps(payload: Any) -> bytes:
+def dumps(payload: Any) -> bytes:
+    """A JSON payload as one event's bytes (every SSE route frames with it)."""
     if isinstance(payload, bytes):
         return payload
     try:
@@ -126,11 +127,11 @@ def relay(events: AsyncIterator[dict[str, Any] | bytes], *,
         try:
             async with aclosing(events) as it:  # type: ignore[type-var]
                 async for payload in it:
-                    yield b"data: " + _dumps(payload) + b"\n\n"
+                    yield b"data: " + dumps(payload) + b"\n\n"
         except Exception as e:
             if not isinstance(e, SluiceError):
                 log.exception("stream failed")
-            yield b"data: " + _dumps(error_body(e)) + b"\n\n"
+            yield b"data: " + dumps(error_body(e)) + b"\n\n"
         if done is not None:
             yield b"data: " + done.encode() + b"\n\n"
 

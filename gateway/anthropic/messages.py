@@ -20,12 +20,9 @@ from gateway.anthropic.schemas import CountTokensRequest, MessagesRequest
 from gateway.anthropic.stream import collect, stream_events
 from gateway.app_state import hints_from, state_of
 from gateway.json_body import OffLoopJSONRoute
-from gateway.llm.service import GenerateCall, Prompt
-from gateway.openai.chat import forwarded
+from gateway.openai.chat import dispatch_chat
 from gateway.openai.prompts import render_chat
-from gateway.openai.schemas import generation_params
 from gateway.openai.streaming import unless_disconnected
-from gateway.security.access import key_id_of
 from gateway.sse import SSEResponse
 
 router = APIRouter(route_class=OffLoopJSONRoute)
@@ -35,13 +32,8 @@ router = APIRouter(route_class=OffLoopJSONRoute)
 async def messages(body: MessagesRequest, request: Request) -> Response:
     request.state.sluice_model = body.model
     st = state_of(request)
-    model = st.llm.get(body.model)
-    chat = to_chat(body, stream=body.stream)
-    ids = await render_chat(st.renderer, model, chat.messages, chat)
-    call = GenerateCall(model, [Prompt(ids)], generation_params(chat), f"msg_{uuid.uuid4().hex}", kind="chat",
-                        chat_body=forwarded(chat, model.name), cache_salt=chat.cache_salt, hints=hints_from(request),
-                        key_id=key_id_of(request))
-    d = await st.llm.dispatch(call)
+    d = await dispatch_chat(request, to_chat(body, stream=body.stream), f"msg_{uuid.uuid4().hex}",
+                            hints_from(request))
     headers = {"request-id": d.request_id, **d.headers()}
     if body.stream:
         return SSEResponse(stream_events(d, body.stop_sequences), ping_s=st.settings.sse_ping_s, headers=headers,

@@ -22,13 +22,13 @@ from gateway.anthropic.convert import StopMatcher
 from gateway.anthropic.errors import stream_error
 from gateway.llm.dispatch import Dispatch
 from gateway.openai.chat import merge_extra, raise_if_failed
-from gateway.sse import _dumps
+from gateway.sse import dumps
 
 log = logging.getLogger("sluice.anthropic")
 
 
 def frame(event: str, data: dict[str, Any]) -> bytes:
-    return b"event: " + event.encode() + b"\ndata: " + _dumps(data) + b"\n\n"
+    return b"event: " + event.encode() + b"\ndata: " + dumps(data) + b"\n\n"
 
 
 def usage(prompt_tokens: int, output_tokens: int, cached: int | None) -> dict[str, Any]:

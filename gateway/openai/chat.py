@@ -18,6 +18,7 @@ from gateway.app_state import hints_from, state_of
 from gateway.json_body import OffLoopJSONRoute
 from gateway.llm.dispatch import Dispatch
 from gateway.llm.service import GenerateCall, Prompt
+from gateway.llm.targets import RouteHints
 from gateway.openai.logprobs import chat_logprobs
 from gateway.openai.prompts import render_chat
 from gateway.openai.schemas import (
@@ -37,14 +38,9 @@ router = APIRouter(route_class=OffLoopJSONRoute)  # large bodies are decoded off
 async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
     request.state.sluice_model = body.model
     st = state_of(request)
-    model = st.llm.get(body.model)
     refuse_unsupported(body)
-    ids = await render_chat(st.renderer, model, body.messages, body)
-    call = GenerateCall(model, [Prompt(ids)], generation_params(body), new_id("chatcmpl"), kind="chat",
-                        chat_body=forwarded(body, model.name), cache_salt=body.cache_salt, hints=hints_from(request),
-                        key_id=key_id_of(request), text_json=bool(body.stream and st.settings.relay_splice
-                                                                 and not body.logprobs))
-    d = await st.llm.dispatch(call)
+    d = await dispatch_chat(request, body, new_id("chatcmpl"), hints_from(request),
+                            text_json=bool(body.stream and st.settings.relay_splice and not body.logprobs))
     if body.stream:
         return sse(stream_chunks(d, body), ping_s=st.settings.sse_ping_s, headers=d.headers(),
                    on_close=d.close)
@@ -53,6 +49,18 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
         return JSONResponse(result, headers=d.headers())
     finally:
         d.close()
+
+
+async def dispatch_chat(request: Request, body: ChatCompletionRequest, request_id: str, hints: RouteHints, *,
+                        text_json: bool = False) -> Dispatch:
+    """Render a chat request with the model's own template and dispatch it: the one step chat, the
+    Responses API and the Messages API (which convert their bodies to a chat request) share."""
+    st = state_of(request)
+    model = st.llm.get(body.model)
+    ids = await render_chat(st.renderer, model, body.messages, body)
+    return await st.llm.dispatch(GenerateCall(
+        model, [Prompt(ids)], generation_params(body), request_id, kind="chat", chat_body=forwarded(body, model.name),
+        cache_salt=body.cache_salt, hints=hints, key_id=key_id_of(request), text_json=text_json))
 
 
 def forwarded(body: ChatCompletionRequest, model: str) -> dict[str, Any]:

@@ -14,15 +14,14 @@ from __future__ import annotations
 
 from typing import Any
 
-import orjson
-
 from engines.base import Delta
 from gateway.openai.responses.convert import new_id
+from gateway.sse import dumps
 
 
 def frame(event: dict[str, Any]) -> bytes:
     kind: str = event["type"]
-    return b"event: " + kind.encode() + b"\ndata: " + orjson.dumps(event) + b"\n\n"
+    return b"event: " + kind.encode() + b"\ndata: " + dumps(event) + b"\n\n"
 
 
 class Assembler:

@@ -26,14 +26,11 @@ from engines.errors import ErrorKind, SluiceError
 from gateway.app_state import hints_from, state_of
 from gateway.json_body import OffLoopJSONRoute
 from gateway.llm.dispatch import Dispatch
-from gateway.llm.service import GenerateCall, Prompt
-from gateway.openai.chat import forwarded, raise_if_failed
+from gateway.openai.chat import dispatch_chat, raise_if_failed
 from gateway.openai.errors import error_body
-from gateway.openai.prompts import render_chat
 from gateway.openai.responses.convert import assistant_turn, input_items, new_id, to_chat
 from gateway.openai.responses.events import Assembler, usage
 from gateway.openai.responses.schemas import ResponsesRequest
-from gateway.openai.schemas import generation_params
 from gateway.openai.streaming import unless_disconnected
 from gateway.response_store import ResponseStore, Stored
 from gateway.security.access import key_id_of
@@ -97,22 +94,18 @@ async def _previous(request: Request, body: ResponsesRequest, owner: str) -> Sto
 async def create(body: ResponsesRequest, request: Request) -> Response:
     request.state.sluice_model = body.model
     st = state_of(request)
-    model = st.llm.get(body.model)
+    st.llm.get(body.model)  # an unknown model is a 404 before the store is read
     owner = key_id_of(request) or ""
     prev = await _previous(request, body, owner)
     root = prev.root if prev is not None else None
     chat, conversation = to_chat(body, prev.conversation if prev is not None else [])
-    ids = await render_chat(st.renderer, model, chat.messages, chat)
     rid = new_id("resp")
     hints = hints_from(request)
     if hints.session_key is None and (body.prompt_cache_key or root):
         hints = replace(hints, session_key=body.prompt_cache_key or root)
     if prev is not None and prev.worker:
         hints = replace(hints, prefer_worker=prev.worker)
-    call = GenerateCall(model, [Prompt(ids)], generation_params(chat), rid, kind="chat",
-                        chat_body=forwarded(chat, model.name), cache_salt=chat.cache_salt, hints=hints,
-                        key_id=key_id_of(request))
-    d = await st.llm.dispatch(call)
+    d = await dispatch_chat(request, chat, rid, hints)
     turn = Turn(body, d, owner, conversation, root or rid)
     if body.stream:
         return SSEResponse(_events(turn, request), ping_s=st.settings.sse_ping_s, headers=d.headers(),
