@@ -66,6 +66,9 @@ class WorkerInfo:
     # cache (vLLM, the simulator). False: the gateway sends none (TRT-LLM, plain OpenAI servers), so
     # its cache is shared and the router matches it on the unsalted hash chain its events use.
     salted_cache: bool = True
+    # Requests the engine runs at once (vLLM max_num_seqs): one sent to a worker running that many waits
+    # in the engine for a slot, whatever its predicted cost. None: unknown.
+    max_num_seqs: int | None = None
 
     def __post_init__(self) -> None:
         if not self.name or any(c.isspace() for c in self.name):

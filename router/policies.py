@@ -48,6 +48,12 @@ class WorkerView:
     available: bool = True
     model: TtftModel = DEFAULT_MODEL  # the worker's learned cost coefficients
     kv: KvPressure | None = None  # None: its KV pressure is unknown (no capacity, no events)
+    max_num_seqs: int | None = None  # its batch bound (None: unknown)
+
+    @property
+    def full(self) -> bool:
+        """Its batch is full: a request sent now waits in the engine for a running one to end."""
+        return self.max_num_seqs is not None and self.load.requests >= self.max_num_seqs
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,17 +96,20 @@ def _ordered(scored: list[tuple[float, int, WorkerView]], tie_key: str | int,
     token yet: a request sent there waits for them, however the model prices them), then to the
     one that was sent the least prefill work so far (so that work spreads evenly where latency
     does not care, instead of piling onto whichever looks a hair cheaper), then to a rendezvous
-    hash of `tie_key`. With `fewest_running` (least_load: the policy *is* the load), the one running
-    the fewest requests comes before the work-sent-so-far rule: a count every frontend and replica
-    shares, where work sent so far is this process's own. The rest follow by cost."""
+    hash of `tie_key`. Before all of that, a tie never goes to a worker whose batch is full (the
+    engine queues it for a slot: a wait of part of an answer that the TTFT fit, linear in the load,
+    does not see) while one with room is in it. With `fewest_running` (least_load: the policy *is* the
+    load), the one running the fewest requests comes before the work-sent-so-far rule: a count every
+    frontend and replica shares, where work sent so far is this process's own. The rest follow by cost."""
     if not scored:
         return scored
     best = min(t[0] for t in scored)
     bound = best + tolerance * abs(best)
     head = [t for t in scored if t[0] <= bound]
     rest = [t for t in scored if t[0] > bound]
-    head.sort(key=lambda t: (t[1], t[2].load.queued_prefill_tokens, t[2].load.requests if fewest_running else 0,
-                             assigned_s(t[2]), -rendezvous_score(tie_key, t[2].name)))
+    head.sort(key=lambda t: (t[2].full, t[1], t[2].load.queued_prefill_tokens,
+                             t[2].load.requests if fewest_running else 0, assigned_s(t[2]),
+                             -rendezvous_score(tie_key, t[2].name)))
     rest.sort(key=lambda t: (t[0], t[1]))
     return head + rest
 

@@ -269,7 +269,7 @@ class Router:
 def _view(w: WorkerEntry, predicted_cached_tokens: int, s: RouterState, now: float) -> policies.WorkerView:
     name = w.info.name
     return policies.WorkerView(name, predicted_cached_tokens, s.load.snapshot(name, now), w.health.available(now),
-                               s.learn.model(name), s.kv_pressure(w))
+                               s.learn.model(name), s.kv_pressure(w), w.info.max_num_seqs)
 
 
 __all__ = ["NoWorkerError", "Ranking", "Router", "WorkerStatus"]

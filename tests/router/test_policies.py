@@ -28,6 +28,20 @@ def test_prefix_prefers_cached_worker_in_seconds():
     assert out[1].reason == "load"
 
 
+def test_a_tie_never_goes_to_a_worker_whose_batch_is_full():
+    # Equal cost (the fit sees no load effect); a was sent less work so far, but runs its whole batch.
+    full = WorkerView("a", 0, LoadSnapshot(in_flight=8), True, MS, None, max_num_seqs=8)
+    room = WorkerView("b", 0, LoadSnapshot(in_flight=7, assigned_prefill_tokens=10_000), True, MS, None,
+                      max_num_seqs=8)
+    for policy in ("prefix", "least_load"):
+        assert names(rank(policy, [full, room], prompt_tokens=100, tie_key=1, tolerance=0.1)) == ["b", "a"], policy
+    unknown = WorkerView("a", 0, LoadSnapshot(in_flight=8), True, MS, None)  # no bound known: no such rule
+    assert names(rank("prefix", [unknown, room], prompt_tokens=100, tie_key=1, tolerance=0.1)) == ["a", "b"]
+    # Beyond the tie, cost still rules: a full worker holding most of the prompt is still cheaper.
+    hit = WorkerView("a", 0 + 900, LoadSnapshot(in_flight=8), True, MS, None, max_num_seqs=8)
+    assert names(rank("prefix", [hit, room], prompt_tokens=1000, tie_key=1, tolerance=0.1))[0] == "a"
+
+
 def test_a_queue_longer_than_the_prefix_it_saves_sends_the_request_elsewhere():
     # b saves 512 tokens of prefill; it wins while less than 512 tokens queue ahead of it there.
     for queued, winner in ((511, "b"), (513, "a")):
