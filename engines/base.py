@@ -82,6 +82,9 @@ class EngineRequest:
     # so its logs and spans name the request as the client and the gateway do. Not unique (every choice
     # of a request shares it; clients may reuse theirs): `request_id` is. None: `request_id` is sent.
     api_request_id: str | None = None
+    # The engine's scheduling priority, vLLM's convention (lower runs earlier, 0 the default): sent only
+    # to workers that schedule by it (vLLM `--scheduling-policy priority`).
+    priority: int = 0
     # The consumer takes runs of plain text still JSON-escaped (`Delta.text_json`): a remote engine
     # then relays its worker's plain events without decoding them in full (engines.remote.splice).
     text_json: bool = False

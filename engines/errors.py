@@ -26,6 +26,7 @@ class ErrorKind(StrEnum):
     MODEL_LOADING = "MODEL_LOADING"
     OVERLOADED = "OVERLOADED"  # an admission or batcher queue is full
     RATE_LIMITED = "RATE_LIMITED"  # a per-key quota is spent
+    DEADLINE = "DEADLINE"  # the request's TTFT deadline cannot be met, or passed while it waited
     NO_WORKER = "NO_WORKER"  # no healthy worker serves the model
     UNAVAILABLE = "UNAVAILABLE"  # a worker, engine or model cannot be reached or is stopped
     CANCELLED = "CANCELLED"  # the client went away

@@ -15,6 +15,7 @@ from prometheus_client import CollectorRegistry
 from gateway.cpu_pool import Renderer
 from gateway.discovery.attest import Attestations
 from gateway.drain import Drain
+from gateway.llm.admission import DEADLINE_HEADER, PRIORITY_HEADER, Asks
 from gateway.llm.metrics import LLMMetrics
 from gateway.llm.service import LLMService
 from gateway.llm.targets import RouteHints
@@ -29,6 +30,7 @@ if TYPE_CHECKING:
     from engines.launchers.registration import Keeper
     from gateway.embedding_models import EmbeddingBridge
     from gateway.frontends.channel import Peers
+    from gateway.llm.admission.shared import SharedCounters
     from gateway.telemetry.runtime import LoopLag
 
 
@@ -54,6 +56,7 @@ class AppState:
     attestations: Attestations = field(default_factory=Attestations)
     registration: Keeper | None = None  # worker mode (--register-with): keeps this server registered
     loop_lag: LoopLag | None = None  # the event loop's lag, sampled while the app runs
+    fair_share: SharedCounters | None = None  # with --redis-url: fair-queuing counters shared by replicas
     responses: ResponseStore = field(default_factory=ResponseStore)  # stored Responses API responses
 
 
@@ -72,6 +75,11 @@ def session_key_of(headers: Mapping[str, str], names: Sequence[str]) -> str | No
         if value:
             return value if len(value) <= _MAX_SESSION_KEY else hashlib.sha256(value.encode()).hexdigest()
     return None
+
+
+def asks_from(request: Request) -> Asks:
+    """What the request asks of the admission scheduler (gateway.llm.admission.policy), as sent."""
+    return Asks(request.headers.get(PRIORITY_HEADER), request.headers.get(DEADLINE_HEADER))
 
 
 def hints_from(request: Request) -> RouteHints:

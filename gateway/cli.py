@@ -115,6 +115,9 @@ def _admission_flags(p: argparse.ArgumentParser) -> None:
                         "(vLLM max_num_seqs, ...) [derived]")
     p.add_argument("--max-queued", type=int,
                    help="queued requests per model before 503; 0: derived, 1x the running limit [derived]")
+    p.add_argument("--admission-order", choices=("fair", "fcfs"),
+                   help="who waits for admission goes first: fair (weighted fair queuing by tokens across "
+                        "tenants, within each priority class) or fcfs (arrival order within a class) [fair]")
     p.add_argument("--max-inflight-requests", type=int,
                    help="concurrent HTTP requests before 503; 0: derived from the fd limit (2 per stream) and "
                         "memory, logged at start [derived]")

@@ -49,6 +49,8 @@ class Settings(BaseSettings):
     # workers' batch bounds (vLLM max_num_seqs...), queued = 1x the running limit; a number overrides.
     max_running: int | None = Field(default=None, ge=0)  # admitted requests per model
     max_queued: int | None = Field(default=None, ge=0)  # waiting requests per model before 503
+    # Who goes first among waiting LLM requests, within a priority class (gateway.llm.admission.fair).
+    admission_order: str = Field(default="fair", pattern="^(fair|fcfs)$")
     max_fanout: int = Field(default=128, ge=1, le=4096)  # engine requests (prompts × n) per API request
     max_body_bytes: int = Field(default=8 * 1024 * 1024, ge=1024)  # raw and inflated
     # Concurrent HTTP requests before 503. None or 0: derived from the fd limit and memory
@@ -244,7 +246,7 @@ class Settings(BaseSettings):
         return self.max_body_bytes if self.max_prompt_chars is None else self.max_prompt_chars
 
     def admission(self) -> AdmissionConfig:
-        return AdmissionConfig(self.max_running or None, self.max_queued or None)
+        return AdmissionConfig(self.max_running or None, self.max_queued or None, self.admission_order == "fair")
 
     def classic_limits(self) -> ClassicLimits:
         return ClassicLimits(self.classic_max_queue_size, self.classic_max_tensor_elements,

@@ -61,6 +61,23 @@ def llm_overview() -> Dashboard:
                    (f"sum by (model) (sluice_requests_queued{{{M}}})", "waiting {{model}}"),
                    (f"max by (model) (sluice_requests_queued_limit{{{M}}})", "waiting limit {{model}}")),
         ]),
+        ("Tenants, priority classes and deadlines", [
+            series("Admission wait by tenant and class (p99)", "s",
+                   *quantiles("sluice_tenant_queue_time_seconds", "tenant, priority", M, (0.99,)),
+                   description="Fair queuing within a class, strict priority between classes."),
+            series("Admitted and refused by tenant", "reqps",
+                   (_rate("sluice_tenant_admitted_total", M, "tenant, priority"), "admitted {{tenant}} {{priority}}"),
+                   (_rate("sluice_tenant_refused_total", M, "tenant, reason"), "refused {{tenant}} {{reason}}")),
+            series("Tokens served by tenant", "short",
+                   (_rate("sluice_tenant_tokens_total", M, "tenant"), "{{tenant}}")),
+            series("Fairness index (Jain, tenants that waited)", "short",
+                   (f"min by (model) (sluice_fairness_index{{{M}}})", "{{model}}"),
+                   description="Over the last window's tokens per weight of the tenants that had to wait: 1 is "
+                               "an even share."),
+            series("Requests with a TTFT deadline", "reqps",
+                   (_rate("sluice_llm_deadline_requests_total", M, "outcome"), "{{outcome}}"),
+                   description="met is the goodput; refused ones were predicted late or passed it waiting."),
+        ]),
     ])
 
 

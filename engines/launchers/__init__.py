@@ -99,7 +99,7 @@ def _record(spec: WorkerSpec, capacity: int | None = None) -> registration.Worke
     return registration.WorkerRecord(name=spec.worker_name, url=spec.url, models=(spec.served_model_name,),
                                      engine=spec.engine, block_size=block_size, kv_events_endpoint=events,
                                      kv_events_replay_endpoint=replay, tokenizer=spec.model_path,
-                                     capacity=capacity)
+                                     capacity=capacity, priority_scheduling=vllm.schedules_by_priority(spec))
 
 
 def _vllm_block_size(url: str) -> int | None:

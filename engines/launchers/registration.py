@@ -67,6 +67,9 @@ class WorkerRecord(BaseModel):
     # Requests the engine runs at once (vLLM max_num_seqs, TensorRT-LLM max_batch_size, the sim's
     # max_num_seqs). None: read from the worker if it says, else the gateway's stated default.
     capacity: int | None = Field(default=None, ge=1, le=1 << 20)
+    # The engine orders its queue by request priority (vLLM --scheduling-policy priority): the gateway
+    # then sends each request's class as vLLM's `priority`.
+    priority_scheduling: bool = False
 
 
 def registration_source(host: str, public_host: str) -> str | None:

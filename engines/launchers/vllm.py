@@ -74,6 +74,11 @@ def engine_arg(args: tuple[str, ...] | list[str], flag: str) -> str | None:
     return value
 
 
+def schedules_by_priority(spec: WorkerSpec) -> bool:
+    """Whether the vLLM engine `spec` starts orders its queue by request priority (the gateway then sends it)."""
+    return spec.engine == "vllm" and engine_arg(spec.engine_args, "--scheduling-policy") == "priority"
+
+
 def max_num_seqs(spec: WorkerSpec, cpu: bool) -> int:
     """The requests the vLLM engine `spec` starts will run at once: its --max-num-seqs, else vLLM's default."""
     given = engine_arg(spec.engine_args, "--max-num-seqs")

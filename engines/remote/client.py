@@ -56,6 +56,9 @@ class RemoteEngineConfig:
     read_interval_s: float = 0.0
     api_key: str | None = None  # bearer token the worker expects, if any
     headers: tuple[tuple[str, str], ...] = ()  # sent with every request (e.g. a proxy's routing header)
+    # The worker schedules by request priority (vLLM --scheduling-policy priority): requests carry theirs.
+    # Off, none is sent: vLLM refuses a priority other than 0 unless it was started so.
+    priority: bool = False
 
     def __post_init__(self) -> None:
         if not self.base_url.startswith(("http://", "https://")):
@@ -158,7 +161,7 @@ class RemoteEngine:
         rid = request.request_id
         if rid in self._live:
             raise EngineError(f"duplicate request id {rid!r}", ErrorKind.ALREADY_EXISTS)
-        path, body = build_body(request, self.config.dialect, self.config.served_model)
+        path, body = build_body(request, self.config.dialect, self.config.served_model, priority=self.config.priority)
         self._live[rid] = None
         self._max_seen = max(self._max_seen, len(self._live))
         exchange: Exchange | None = None

@@ -88,8 +88,10 @@ def sampling_fields(sp: SamplingParams, dialect: Dialect, *, chat: bool) -> dict
     return body
 
 
-def build_body(request: EngineRequest, dialect: Dialect, served_model: str | None = None) -> tuple[str, dict[str, Any]]:
-    """Return the worker path and JSON body for `request` (see module docstring)."""
+def build_body(request: EngineRequest, dialect: Dialect, served_model: str | None = None, *,
+               priority: bool = False) -> tuple[str, dict[str, Any]]:
+    """Return the worker path and JSON body for `request` (see module docstring). `priority`: the
+    worker schedules by priority (vLLM --scheduling-policy priority), so the request's is sent."""
     if dialect not in DIALECTS:
         raise ValueError(f"unknown worker dialect {dialect!r}; expected one of {DIALECTS}")
     chat = request.kind == "chat"
@@ -110,4 +112,6 @@ def build_body(request: EngineRequest, dialect: Dialect, served_model: str | Non
         body["return_token_ids"] = True
     if dialect in SALTED_DIALECTS and request.cache_salt is not None:
         body["cache_salt"] = request.cache_salt
+    if priority and dialect == "vllm" and request.priority:
+        body["priority"] = request.priority  # vLLM refuses one other than 0 unless it schedules by it
     return (CHAT_PATH if chat else COMPLETIONS_PATH), body

@@ -26,6 +26,7 @@ _TABLE: dict[ErrorKind, tuple[int, str, float | None]] = {
     ErrorKind.MODEL_LOADING: (529, "overloaded_error", 5.0),
     ErrorKind.OVERLOADED: (529, "overloaded_error", 1.0),
     ErrorKind.RATE_LIMITED: (429, "rate_limit_error", 1.0),
+    ErrorKind.DEADLINE: (529, "overloaded_error", 1.0),
     ErrorKind.NO_WORKER: (529, "overloaded_error", 1.0),
     ErrorKind.UNAVAILABLE: (529, "overloaded_error", 1.0),
     ErrorKind.CANCELLED: (499, "api_error", None),

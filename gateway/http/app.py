@@ -24,6 +24,9 @@ from gateway.http.middleware import BodyLimitMiddleware, DrainMiddleware, Sluice
 from gateway.kserve import metrics as kserve_metrics
 from gateway.kserve.http_routes import build_router as kserve_router
 from gateway.kserve.infer_http import KServeInferRoute
+from gateway.llm.admission import claims_of
+from gateway.llm.admission.observe import AdmissionMetrics
+from gateway.llm.admission.shared import SharedCounters
 from gateway.llm.local import LLMSpec
 from gateway.llm.metrics import EngineStatsCollector, LLMMetrics, ModelReadyCollector, RelayEventsCollector
 from gateway.llm.service import LLMService
@@ -33,7 +36,7 @@ from gateway.openai import chat, completions, embeddings, models
 from gateway.openai.responses import routes as responses
 from gateway.response_store import ResponseStore
 from gateway.routes import admin, openapi, ops, ui
-from gateway.security.guard import build_security
+from gateway.security.guard import Security, build_security
 from gateway.security.http import AccessMiddleware
 from gateway.security.tenancy import CacheNamespaces
 from gateway.settings import Settings
@@ -44,7 +47,20 @@ from router.shared import SharedState
 
 # Response headers a browser client may read across origins.
 _EXPOSED_HEADERS = ["X-Request-Id", "X-Sluice-Worker", "X-Sluice-Predicted-Cached-Tokens", "X-Sluice-Route-Reason",
-                    "X-Sluice-Frontend", "Retry-After"]
+                    "X-Sluice-Frontend", "X-Sluice-Predicted-TTFT-Ms", "Retry-After"]
+
+
+def _llm_service(settings: Settings, registry: CollectorRegistry, metrics: LLMMetrics, security: Security
+                 ) -> LLMService:
+    llm = LLMService(metrics, settings.admission(), settings.max_fanout, tokens=security.quotas,
+                     tracing=Tracing(settings.otlp_endpoint, __version__),
+                     salt_for=CacheNamespaces.of(security.api.principals()).salt,
+                     claim_for=claims_of((p.id, p.tenant or p.id, p.entitlement) for p in security.api.principals()))
+    llm.registry.observer_for = AdmissionMetrics(registry).observer
+    registry.register(EngineStatsCollector(llm.engine_stats))
+    registry.register(ModelReadyCollector(llm.registry.readiness))
+    llm.registry.created = frontend_started()
+    return llm
 
 
 def build_state(settings: Settings) -> AppState:
@@ -52,12 +68,7 @@ def build_state(settings: Settings) -> AppState:
     register_runtime_collectors(registry)
     metrics = LLMMetrics(registry)
     security = build_security(settings, registry)
-    llm = LLMService(metrics, settings.admission(), settings.max_fanout, tokens=security.quotas,
-                     tracing=Tracing(settings.otlp_endpoint, __version__),
-                     salt_for=CacheNamespaces.of(security.api.principals()).salt)
-    registry.register(EngineStatsCollector(llm.engine_stats))
-    registry.register(ModelReadyCollector(llm.registry.readiness))
-    llm.registry.created = frontend_started()
+    llm = _llm_service(settings, registry, metrics, security)
     shared: SharedState | None = None
     frontend = frontend_env()
     if settings.redis_url:
@@ -86,6 +97,9 @@ def build_state(settings: Settings) -> AppState:
                                                mac_key=settings.attestation_key))
     state.responses = ResponseStore(settings.responses_store_max, settings.responses_store_max_bytes,
                                     settings.responses_store_ttl_s, redis=_redis(settings))
+    if settings.redis_url:
+        models = llm.registry.models
+        state.fair_share = SharedCounters(_redis(settings), lambda: {n: m.admission.queue for n, m in models.items()})
     if settings.model_repository is not None:
         state.classic = ModelRepositoryManager(settings.model_repository, control_mode=settings.model_control_mode,
                                                startup_models=list(settings.load_models),

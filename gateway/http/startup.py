@@ -44,6 +44,8 @@ async def lifespan(state: AppState, llm_specs: list[LLMSpec] | None) -> AsyncIte
     if state.loop_lag is not None:
         state.loop_lag.start()
     await state.security.quotas.start()
+    if state.fair_share is not None:
+        state.fair_share.start()
     frontend = frontend_env()
     task: asyncio.Task[None] | None = None
     discovery: K8sDiscovery | None = None
@@ -109,6 +111,8 @@ async def _shutdown(state: AppState, discovery: K8sDiscovery | None, grpc_server
     await stop_local_engines(state.llm.registry)
     state.renderer.close()
     await state.security.quotas.stop()
+    if state.fair_share is not None:
+        await state.fair_share.stop()
     await state.attestations.close()
     if metrics_server is not None:
         await metrics_server.stop()

@@ -29,6 +29,7 @@ _TABLE: dict[ErrorKind, tuple[int, StatusCode]] = {
     ErrorKind.MODEL_LOADING: (503, StatusCode.UNAVAILABLE),
     ErrorKind.OVERLOADED: (503, StatusCode.UNAVAILABLE),
     ErrorKind.RATE_LIMITED: (429, StatusCode.RESOURCE_EXHAUSTED),
+    ErrorKind.DEADLINE: (503, StatusCode.RESOURCE_EXHAUSTED),
     ErrorKind.NO_WORKER: (503, StatusCode.UNAVAILABLE),
     ErrorKind.UNAVAILABLE: (503, StatusCode.UNAVAILABLE),
     ErrorKind.CANCELLED: (499, StatusCode.CANCELLED),

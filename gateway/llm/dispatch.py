@@ -53,6 +53,8 @@ class Dispatch:
     trace: RequestTrace = NO_TRACE  # OpenTelemetry spans of this request (gateway.llm.tracing), if tracing
     # The latency histograms' exemplar: the request's trace, when one is recorded (OpenMetrics scrapes).
     exemplar: dict[str, str] | None = None
+    # With a TTFT deadline: the predicted time to first token it was admitted on (X-Sluice-Predicted-TTFT-Ms).
+    predicted_ttft_s: float | None = None
     _closed: bool = False
     _interrupted: SluiceError | None = None
     _wake: asyncio.Event | None = None  # set by interrupt(); made only while waiting for admission
@@ -84,6 +86,8 @@ class Dispatch:
             h["X-Sluice-Predicted-Cached-Tokens"] = str(first.predicted_cached_tokens)
         if first.reason is not None:
             h["X-Sluice-Route-Reason"] = first.reason
+        if self.predicted_ttft_s is not None:
+            h["X-Sluice-Predicted-TTFT-Ms"] = str(round(1000 * self.predicted_ttft_s))
         return h
 
     def open_first_attempts(self) -> None:
@@ -100,7 +104,7 @@ class Dispatch:
         try:
             t0 = time.monotonic()
             with self.trace.admission():
-                await self._admitted()
+                await self.admitted()
             gauge_admission(self.metrics, self.model)
             self.metrics.queue_time.labels(self.model.name).observe(time.monotonic() - t0, self.exemplar)
             async with aclosing(merge([self._run(c) for c in self.choices])) as merged:
@@ -111,8 +115,8 @@ class Dispatch:
         finally:
             self.close()
 
-    async def _admitted(self) -> None:
-        """Wait for the admission ticket, unless interrupted first."""
+    async def admitted(self) -> None:
+        """Wait for the admission ticket, unless interrupted first; raises why it was not admitted."""
         if not self.ticket.admitted and self._interrupted is None:
             self._wake = asyncio.Event()
             waits = [asyncio.ensure_future(self.ticket.wait()), asyncio.ensure_future(self._wake.wait())]
@@ -123,6 +127,8 @@ class Dispatch:
                     w.cancel()
         if self._interrupted is not None:
             raise self._interrupted
+        if self.ticket.error is not None:
+            raise self.ticket.error  # it left the queue: its deadline passed, or it was pushed out
 
     async def interrupt(self, error: SluiceError) -> None:
         """End this dispatch with `error`: the engine requests are aborted, and the consumer
@@ -141,7 +147,7 @@ class Dispatch:
             self._finish(choice, None, fault=False)
         if not self._closed:
             self._closed = True
-            self.ticket.release()
+            self.ticket.release(sum(c.completion_tokens for c in self.choices))
             gauge_admission(self.metrics, self.model)
             if self.on_close is not None:
                 self.on_close(sum(c.completion_tokens for c in self.choices))
@@ -184,8 +190,10 @@ class Dispatch:
                         settled, target = True, _settle(choice)
                     call.observe(delta)
                     _count_tokens(choice, delta)
-                    if clock.tick(delta) and target.on_first_token is not None:
-                        target.on_first_token()
+                    if clock.tick(delta):
+                        self.ticket.first_token()
+                        if target.on_first_token is not None:
+                            target.on_first_token()
                     if delta.finish_reason is not None:
                         fault = delta.finish_reason == "error"
                         if delta.finish_reason in ("stop", "length", "tool_calls"):

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from engines.errors import ErrorKind, SluiceError
 from engines.text.tokenizer import ChatTokenizer
 from gateway.llm.admission import Admission, AdmissionConfig
+from gateway.llm.admission.gate import Observer
 from gateway.llm.capacity import DEFAULT_WORKER_CAPACITY
 from gateway.llm.targets import Backend
 
@@ -42,11 +43,15 @@ class ModelRegistry:
         # Told when a model's capacity or admission limits change (its gauges follow).
         self.on_limits: Callable[[LLMModel], None] | None = None
         self.created: int | None = None  # every model's `created` (frontends agree on it); None: when added
+        # A model's admission events (gateway.llm.admission.observe): per tenant and class series.
+        self.observer_for: Callable[[str], Observer] | None = None
 
     def add(self, name: str, tokenizer: ChatTokenizer, context_length: int, backend: Backend,
             capacity: int = DEFAULT_WORKER_CAPACITY) -> LLMModel:
         model = LLMModel(name, tokenizer, context_length, backend, Admission(self.admission, capacity),
                          created=self.created or int(time.time()))
+        if self.observer_for is not None:
+            model.admission.observer = self.observer_for(name)
         self.models[name] = model
         self.pending.discard(name)
         if self.on_change is not None:

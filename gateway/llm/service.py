@@ -17,13 +17,14 @@ from typing import Any, Literal
 from engines.base import EngineRequest, EngineStats
 from engines.errors import ErrorKind, SluiceError
 from gateway.llm.accounting import TokenQuota
-from gateway.llm.admission import AdmissionConfig
+from gateway.llm.admission import DEFAULT_CLAIM, AdmissionConfig, Asks, Claim, ClaimFor, open_claim
+from gateway.llm.admission.deadlines import refuse_if_late
 from gateway.llm.dispatch import Dispatch, start_dispatch
 from gateway.llm.metrics import LLMMetrics
 from gateway.llm.params import GenerationParams, check, sampling_for
 from gateway.llm.registry import LLMModel, ModelRegistry
-from gateway.llm.targets import LocalBackend, RouteHints
-from gateway.llm.tracing import Tracing
+from gateway.llm.targets import LocalBackend, RouteHints, Target
+from gateway.llm.tracing import RequestTrace, Tracing
 from gateway.telemetry.context import RequestContext
 from gateway.telemetry.context import current as current_request
 
@@ -56,6 +57,8 @@ class GenerateCall:
     key_id: str | None = None
     # The edge takes runs of plain text as JSON (`EngineRequest.text_json`): streamed OpenAI responses.
     text_json: bool = False
+    # What the request asked of the scheduler (X-Sluice-Priority, X-Sluice-TTFT-Deadline-Ms).
+    asks: Asks = field(default_factory=Asks)
     # The HTTP request this call serves (its X-Request-Id and the caller's trace parent): by default the
     # one being handled (gateway.telemetry.context); None outside one (gRPC).
     context: RequestContext | None = field(default_factory=current_request)
@@ -64,7 +67,7 @@ class GenerateCall:
 class LLMService:
     def __init__(self, metrics: LLMMetrics, admission: AdmissionConfig | None = None, max_fanout: int = 128,
                  tokens: TokenQuota | None = None, tracing: Tracing | None = None,
-                 salt_for: SaltFor | None = None) -> None:
+                 salt_for: SaltFor | None = None, claim_for: ClaimFor | None = None) -> None:
         self.metrics = metrics
         self.tracing = tracing or Tracing(None)
         self.registry = ModelRegistry(admission or AdmissionConfig())
@@ -74,6 +77,8 @@ class LLMService:
         self.tokens = tokens
         # None: the client's salt as sent (tests, tools); the gateway passes its tenants' namespaces.
         self.salt_for = salt_for
+        # (key id, asks) -> the request's tenant, weight, class and deadline; None: an open gateway's.
+        self.claim_for = claim_for or open_claim
         self._live: weakref.WeakSet[Dispatch] = weakref.WeakSet()  # for interrupt_all; closed ones are skipped
 
     def get(self, name: str) -> LLMModel:
@@ -88,7 +93,8 @@ class LLMService:
         `Dispatch.close()`; closing commits the completion tokens to the quota."""
         check(call.model, call.params)
         self.check_fanout(len(call.prompts), call.params.n)
-        requests = self._engine_requests(call)
+        claim = self.claim_for(call.key_id, call.asks)
+        requests = self._engine_requests(call, claim)
         key_id, meter = call.key_id, self.tokens
         prompt_tokens = sum(len(p.token_ids) for p in call.prompts)
         if key_id is not None and meter is not None:
@@ -98,20 +104,39 @@ class LLMService:
                                    prompt_tokens, len(requests), ctx.parent if ctx else None)
         if ctx is not None and trace.trace_id is not None:
             ctx.trace_id = trace.trace_id  # the log lines that follow, the access line included, carry it
+        d: Dispatch | None = None
         try:
             with trace.routing():
                 ranked = [call.model.backend.rank(r, call.hints) for r in requests]
                 trace.routed(ranked[0][0], len(requests))
-            ticket = call.model.admission.try_admit(len(requests))
-            d = start_dispatch(self.metrics, call.model, requests, ranked, ticket, call.request_id, trace)
+            d = self._admit(call, claim, requests, ranked, prompt_tokens, trace)
+            self._live.add(d)  # a drain's interrupt reaches it while it waits for its deadline too
+            if not d.ticket.admitted and claim.deadline_s is not None:
+                # Answer before any byte: a request that cannot start by its deadline gets the protocol's
+                # overload status, not a stream that ends in an error event.
+                await d.admitted()
         except BaseException as e:
+            if d is not None:
+                d.close()
             trace.end(e)
             if key_id is not None and meter is not None:
                 meter.refund_tokens(key_id, prompt_tokens)  # refused before it ran (queue full, no worker)
             raise
         if key_id is not None and meter is not None:
             d.on_close = partial(meter.commit_tokens, key_id, prompt_tokens)
-        self._live.add(d)
+        return d
+
+    def _admit(self, call: GenerateCall, claim: Claim, requests: list[EngineRequest], ranked: list[list[Target]],
+               prompt_tokens: int, trace: RequestTrace) -> Dispatch:
+        """Refuse a request its deadline cannot be met for, else take its ticket and open its attempts."""
+        admission = call.model.admission
+        predicted = refuse_if_late(admission, claim, len(requests), ranked[0])
+        cap = call.params.max_tokens if call.params.max_tokens is not None else call.model.context_length
+        answer = admission.expected_answer(claim.tenant, cap)
+        ticket = admission.try_admit(len(requests), claim, tokens=prompt_tokens + len(requests) * answer,
+                                     prompt_tokens=prompt_tokens)
+        d = start_dispatch(self.metrics, call.model, requests, ranked, ticket, call.request_id, trace)
+        d.predicted_ttft_s = predicted
         return d
 
     async def interrupt_all(self, error: SluiceError) -> int:
@@ -135,7 +160,7 @@ class LLMService:
         return [(m.name, worker, e.stats()) for m in self.registry.models.values()
                 if isinstance(m.backend, LocalBackend) for worker, e in m.backend.engines()]
 
-    def _engine_requests(self, call: GenerateCall) -> list[EngineRequest]:
+    def _engine_requests(self, call: GenerateCall, claim: Claim = DEFAULT_CLAIM) -> list[EngineRequest]:
         out = []
         salt = self.salt_for(call.key_id, call.cache_salt) if self.salt_for is not None else call.cache_salt
         for p, prompt in enumerate(call.prompts):
@@ -144,5 +169,6 @@ class LLMService:
                 rid = f"{call.request_id}-{p}-{i}"
                 out.append(EngineRequest(rid, call.model.name, prompt.token_ids, sampling, kind=call.kind,
                                          chat_body=call.chat_body, cache_salt=salt, text_json=call.text_json,
-                                         api_request_id=call.context.request_id if call.context else None))
+                                         api_request_id=call.context.request_id if call.context else None,
+                                         priority=claim.engine_priority))
         return out

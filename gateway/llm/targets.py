@@ -21,6 +21,7 @@ class Target:
     engine: LLMEngine
     predicted_cached_tokens: int | None = None
     reason: str | None = None  # the router's decision reason, e.g. prefix_hit or load
+    predicted_ttft_s: float | None = None  # the router's predicted time to first token there (None: unknown)
     on_dispatch: Callable[[], None] | None = None
     on_first_token: Callable[[], None] | None = None
     # (reported cached tokens, worker fault, tokens of an answer that ran to its end or None)

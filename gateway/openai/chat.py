@@ -14,7 +14,7 @@ from fastapi.responses import JSONResponse, Response
 
 from engines.base import Delta
 from engines.errors import ErrorKind, SluiceError
-from gateway.app_state import hints_from, state_of
+from gateway.app_state import asks_from, hints_from, state_of
 from gateway.json_body import OffLoopJSONRoute
 from gateway.llm.dispatch import Dispatch
 from gateway.llm.service import GenerateCall, Prompt
@@ -60,7 +60,8 @@ async def dispatch_chat(request: Request, body: ChatCompletionRequest, request_i
     ids = await render_chat(st.renderer, model, body.messages, body)
     return await st.llm.dispatch(GenerateCall(
         model, [Prompt(ids)], generation_params(body), request_id, kind="chat", chat_body=forwarded(body, model.name),
-        cache_salt=body.cache_salt, hints=hints, key_id=key_id_of(request), text_json=text_json))
+        cache_salt=body.cache_salt, hints=hints, key_id=key_id_of(request), text_json=text_json,
+        asks=asks_from(request)))
 
 
 def forwarded(body: ChatCompletionRequest, model: str) -> dict[str, Any]:

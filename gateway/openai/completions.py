@@ -15,7 +15,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
 from engines.errors import ErrorKind, SluiceError
-from gateway.app_state import hints_from, state_of
+from gateway.app_state import asks_from, hints_from, state_of
 from gateway.json_body import OffLoopJSONRoute
 from gateway.llm.dispatch import Dispatch
 from gateway.llm.service import GenerateCall, Prompt
@@ -41,7 +41,7 @@ async def completions(body: CompletionRequest, request: Request) -> Response:
     st.llm.check_fanout(prompt_count(body.prompt), body.n)  # before tokenizing thousands of prompts
     prompts = await tokenize_prompts(st.renderer, model, body.prompt)
     call = GenerateCall(model, prompts, generation_params(body), new_id("cmpl"), cache_salt=body.cache_salt,
-                        hints=hints_from(request), key_id=key_id_of(request),
+                        hints=hints_from(request), key_id=key_id_of(request), asks=asks_from(request),
                         text_json=bool(body.stream and st.settings.relay_splice and body.logprobs is None))
     d = await st.llm.dispatch(call)
     if body.stream:

@@ -26,6 +26,7 @@ _TABLE: dict[ErrorKind, tuple[int, str, str | None, float | None]] = {
     ErrorKind.MODEL_LOADING: (503, "server_error", "model_loading", 5.0),
     ErrorKind.OVERLOADED: (503, "server_error", "queue_full", 1.0),
     ErrorKind.RATE_LIMITED: (429, "rate_limit_error", "rate_limit_exceeded", 1.0),
+    ErrorKind.DEADLINE: (503, "server_error", "deadline_unmeetable", 1.0),
     ErrorKind.NO_WORKER: (503, "server_error", "no_worker", 1.0),
     ErrorKind.UNAVAILABLE: (503, "server_error", "unavailable", 1.0),
     ErrorKind.CANCELLED: (499, "invalid_request_error", "client_closed_request", None),

@@ -18,9 +18,19 @@ from typing import Any
 
 import yaml
 
+from gateway.llm.admission.policy import (
+    DEFAULT_ENTITLEMENT,
+    DEFAULT_PRIORITY,
+    MAX_DEADLINE_MS,
+    MAX_WEIGHT,
+    PRIORITIES,
+    Entitlement,
+)
+
 _ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,63}$")
 _LIMITS = ("rpm", "tpm", "concurrency")
-_FIELDS = {"id", "key", "sha256", "scopes", "tenant", *_LIMITS}
+_SCHEDULING = ("weight", "priority", "max_priority", "ttft_deadline_ms")
+_FIELDS = {"id", "key", "sha256", "scopes", "tenant", *_LIMITS, *_SCHEDULING}
 SCOPES = ("repository", "workers", "metrics")  # an admin key's; gateway.security.access names their routes
 ALL_SCOPES = frozenset(SCOPES)
 
@@ -47,6 +57,7 @@ class Principal:
     scopes: frozenset[str] = ALL_SCOPES  # what an admin key opens (API keys: unused)
     # An API key's prefix-cache namespace (gateway.security.tenancy): its keys-file `tenant`, else its id.
     tenant: str | None = None
+    entitlement: Entitlement = DEFAULT_ENTITLEMENT
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +67,7 @@ class KeyEntry:
     overrides: dict[str, int] | None = None  # per-key limits over the server-wide defaults
     scopes: frozenset[str] = ALL_SCOPES  # an admin key's scopes (a keys file's `scopes`); default all
     tenant: str | None = None  # keys sharing a tenant share a prefix-cache namespace; None: its own
+    entitlement: Entitlement = DEFAULT_ENTITLEMENT
 
     def public_id(self) -> str:
         return self.id or "key-" + self.digest.hex()[:12]
@@ -74,6 +86,7 @@ class KeyRing:
         self._entries: list[tuple[bytes, Principal]] = []
         seen_ids: set[str] = set()
         seen_digests: set[bytes] = set()
+        weights: dict[str, float] = {}
         for e in entries:
             pid = e.public_id()
             if pid in seen_ids:
@@ -82,8 +95,11 @@ class KeyRing:
                 raise ValueError(f"the key with id {pid!r} is listed twice")
             seen_ids.add(pid)
             seen_digests.add(e.digest)
+            tenant = e.tenant or pid
+            if weights.setdefault(tenant, e.entitlement.weight) != e.entitlement.weight:
+                raise ValueError(f"the keys of tenant {tenant!r} give it different weights")
             limits = Limits(**{**_as_dict(defaults), **(e.overrides or {})})
-            self._entries.append((e.digest, Principal(pid, limits, e.scopes, e.tenant or pid)))
+            self._entries.append((e.digest, Principal(pid, limits, e.scopes, tenant, e.entitlement)))
 
     def match(self, key: str | None) -> Principal | None:
         if not key:
@@ -126,7 +142,8 @@ def single(value: str | None) -> list[KeyEntry]:
 
 
 def from_file(path: Path) -> list[KeyEntry]:
-    """A YAML list of `{id, key | sha256, rpm, tpm, concurrency, scopes, tenant}` (or `{keys: [...]}`),
+    """A YAML list of `{id, key | sha256, rpm, tpm, concurrency, scopes, tenant, weight, priority,
+    max_priority, ttft_deadline_ms}` (or `{keys: [...]}`),
     or a plain file with one key per line (`#` starts a comment line)."""
     try:
         text = path.read_text()
@@ -175,7 +192,25 @@ def _entry(item: Any, where: str) -> KeyEntry:
         raw = bytes.fromhex(hexdigest)
     else:
         raw = digest(_check_key(item["key"], where))
-    return KeyEntry(raw, key_id, overrides or None, scopes, tenant)
+    return KeyEntry(raw, key_id, overrides or None, scopes, tenant, _entitlement(item, where))
+
+
+def _entitlement(item: dict[str, Any], where: str) -> Entitlement:
+    weight = item.get("weight", 1.0)
+    if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not 0 < weight <= MAX_WEIGHT:
+        raise ValueError(f"{where}: 'weight' must be a number in (0, {MAX_WEIGHT:g}]")
+    priority = item.get("priority", DEFAULT_PRIORITY)
+    most = item.get("max_priority", priority)
+    for name, value in (("priority", priority), ("max_priority", most)):
+        if value not in PRIORITIES:
+            raise ValueError(f"{where}: '{name}' must be one of {', '.join(PRIORITIES)}")
+    if PRIORITIES.index(most) > PRIORITIES.index(priority):
+        raise ValueError(f"{where}: 'max_priority' may not be less urgent than 'priority'")
+    deadline = item.get("ttft_deadline_ms")
+    if deadline is not None and (isinstance(deadline, bool) or not isinstance(deadline, int)
+                                 or not 1 <= deadline <= MAX_DEADLINE_MS):
+        raise ValueError(f"{where}: 'ttft_deadline_ms' must be an integer in [1, {MAX_DEADLINE_MS}]")
+    return Entitlement(float(weight), priority, most, deadline)
 
 
 def _scopes(value: Any, where: str) -> frozenset[str]:

@@ -37,7 +37,7 @@ _DIALECTS = {"vllm": "vllm", "sim": "vllm", "trtllm": "trtllm", "transformers": 
              "openai": "openai"}
 
 
-def worker_info(record: WorkerRecord, models: tuple[str, ...]) -> WorkerInfo:
+def worker_info(record: WorkerRecord, models: tuple[str, ...], capacity: int | None = None) -> WorkerInfo:
     """The router's view of a registered worker. Only a worker whose dialect is sent the tenant's
     `cache_salt` has its prefixes matched on the salted chain; the others' caches are shared."""
     events = record.kv_events_endpoint
@@ -46,7 +46,7 @@ def worker_info(record: WorkerRecord, models: tuple[str, ...]) -> WorkerInfo:
         name=record.name, url=record.url.rstrip("/"), models=models, block_size=record.block_size,
         engine=record.engine, kv_events_endpoint=None if trtllm else events,
         kv_events_replay_endpoint=None if trtllm else record.kv_events_replay_endpoint,
-        trtllm_events=trtllm, salted_cache=_DIALECTS[record.engine] in SALTED_DIALECTS,
+        trtllm_events=trtllm, salted_cache=_DIALECTS[record.engine] in SALTED_DIALECTS, max_num_seqs=capacity,
     )
 
 
@@ -81,7 +81,7 @@ class RoutedBackend:
             engine = self.pool.engines.get(cand.worker)
             if engine is None:
                 continue
-            targets.append(Target(cand.worker, engine, cand.predicted_cached_tokens, cand.reason,
+            targets.append(Target(cand.worker, engine, cand.predicted_cached_tokens, cand.reason, cand.predicted_ttft_s,
                                   on_dispatch=partial(router.on_dispatch, rid, ranking, cand.worker),
                                   on_first_token=on_first_token, on_finish=on_finish))
         if not targets:
@@ -169,12 +169,13 @@ class WorkerPool:
                                                      dialect=_DIALECTS[record.engine],  # type: ignore[arg-type]
                                                      stall_timeout_s=self.stall_timeout_s,
                                                      read_interval_s=self.read_interval_s,
-                                                     api_key=self.worker_key))
+                                                     api_key=self.worker_key,
+                                                     priority=record.priority_scheduling))
             await engine.start()
             self.engines[record.name] = engine
             self.records[record.name] = record
             self.capacities[record.name] = capacity
-            self.router.add_worker(worker_info(record, tuple(models)))
+            self.router.add_worker(worker_info(record, tuple(models), capacity))
             self.refresh_capacity()
             if old is not None:
                 await old.stop()

@@ -11,7 +11,13 @@ import pytest
 from engines.launchers import _record
 from engines.launchers.spec import WorkerSpec
 from engines.launchers.trtllm import DEFAULT_MAX_BATCH_SIZE, max_batch_size
-from engines.launchers.vllm import CPU_MAX_NUM_SEQS_PER_RANK, GPU_MAX_NUM_SEQS, cached_cpu_venv_python, max_num_seqs
+from engines.launchers.vllm import (
+    CPU_MAX_NUM_SEQS_PER_RANK,
+    GPU_MAX_NUM_SEQS,
+    cached_cpu_venv_python,
+    max_num_seqs,
+    schedules_by_priority,
+)
 
 
 def _spec(*engine_args: str, engine: str = "vllm", tp: int = 1) -> WorkerSpec:
@@ -35,6 +41,13 @@ def test_trtllm_capacity_is_its_max_batch_size() -> None:
 
 def test_the_record_carries_it() -> None:
     assert _record(_spec(engine="trtllm"), 64).capacity == 64
+
+
+def test_the_record_says_whether_vllm_schedules_by_priority() -> None:
+    assert schedules_by_priority(_spec("--scheduling-policy", "priority"))
+    assert schedules_by_priority(_spec("--scheduling-policy=priority", "--enforce-eager"))
+    assert not schedules_by_priority(_spec()) and not schedules_by_priority(_spec("--scheduling-policy", "fcfs"))
+    assert _record(_spec("--scheduling-policy", "priority", engine="trtllm"), 64).priority_scheduling is False
 
 
 def test_the_cpu_default_is_the_installed_vllms() -> None:

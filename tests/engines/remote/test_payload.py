@@ -34,6 +34,15 @@ def test_completion_sends_token_ids_and_engine_extras() -> None:
     assert body["presence_penalty"] == 0.5 and body["return_token_ids"] is True
 
 
+def test_priority_goes_only_to_a_vllm_worker_that_schedules_by_it() -> None:
+    urgent = _request("chat")
+    urgent.priority = -1
+    assert build_body(urgent, "vllm", priority=True)[1]["priority"] == -1
+    assert "priority" not in build_body(urgent, "vllm")[1]  # vLLM would refuse it: not started so
+    assert "priority" not in build_body(urgent, "trtllm", priority=True)[1]
+    assert "priority" not in build_body(_request("chat"), "vllm", priority=True)[1]  # the default class: 0, unsent
+
+
 def test_chat_keeps_client_fields_but_gateway_sampling_wins() -> None:
     path, body = build_body(_request("chat", temperature=0.0, logprobs=3), "vllm")
     assert path == "/v1/chat/completions"
