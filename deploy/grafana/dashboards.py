@@ -63,7 +63,8 @@ def llm_overview() -> Dashboard:
         ]),
         ("Tenants, priority classes and deadlines", [
             series("Admission wait by tenant and class (p99)", "s",
-                   *quantiles("sluice_tenant_queue_time_seconds", "tenant, priority", M, (0.99,)),
+                   ("histogram_quantile(0.99, sum by (le, tenant, priority) "
+                    f"(rate(sluice_tenant_queue_time_seconds_bucket{{{M}}}[{RATE}])))", "p99 {{tenant}} {{priority}}"),
                    description="Fair queuing within a class, strict priority between classes."),
             series("Admitted and refused by tenant", "reqps",
                    (_rate("sluice_tenant_admitted_total", M, "tenant, priority"), "admitted {{tenant}} {{priority}}"),

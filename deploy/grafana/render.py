@@ -73,11 +73,13 @@ def render(prom: str, board: dict[str, Any], minutes: float, rate_interval: str,
     fig.suptitle(f"{board['title']}: its panels' queries against a live Prometheus, drawn with matplotlib "
                  "(a rendering, not a Grafana screenshot)", fontsize=11)
     empty = []
+    # Room below each panel for its tick labels (0.65 in) and above it for its title (0.9 in), as
+    # fractions of the figure's height, which grows with the rows.
+    below, room = 0.65 / (rows * 0.42), 1.55 / (rows * 0.42)
     for panel in panels:
         g = panel["gridPos"]
-        # Room on the left of each panel for its tick labels, and above it for its title.
-        ax = fig.add_axes((g["x"] / 24 + 0.035, 1 - (g["y"] + g["h"]) / rows + 0.025, g["w"] / 24 - 0.045,
-                           g["h"] / rows - 0.06))
+        ax = fig.add_axes((g["x"] / 24 + 0.035, 1 - (g["y"] + g["h"]) / rows + below, g["w"] / 24 - 0.045,
+                           max(0.005, g["h"] / rows - room)))
         unit = panel.get("fieldConfig", {}).get("defaults", {}).get("unit", "")
         ax.set_title(f"{panel['title']}" + (f" [{unit}]" if unit and unit != "short" else ""), fontsize=8)
         ax.tick_params(labelsize=6)
