@@ -31,6 +31,18 @@ def test_openai_sync(ui_server: Server) -> None:
     assert lines(out, "completion: ")[0].strip()
 
 
+def test_priority_deadlines(ui_server: Server) -> None:
+    out = run_example("priority_deadlines.py", env=env_of(ui_server))
+    assert "Paris" in lines(out, "reply: ")[0]
+    assert int(lines(out, "predicted ttft ms: ")[0]) >= 0  # the gateway's prediction, sent with a deadline
+    assert lines(out, "unknown class: ") == ["400 invalid_priority"]
+    metrics = lines(out, "metric: ")
+    admitted = [m for m in metrics if m.startswith("sluice_tenant_admitted_total") and 'priority="interactive"' in m]
+    assert admitted and float(admitted[0].rsplit(" ", 1)[1]) >= 1
+    met = [m for m in metrics if 'outcome="met"' in m or 'outcome="missed"' in m]
+    assert sum(float(m.rsplit(" ", 1)[1]) for m in met) >= 1  # the deadline request was counted
+
+
 def test_anthropic_messages(ui_server: Server) -> None:
     out = run_example("anthropic_messages.py", env=env_of(ui_server))
     prompt = int(lines(out, "prompt tokens: ")[0])
