@@ -39,6 +39,7 @@ def _expected_gpu_blocks(model_dir: Path) -> int:
 @asynccontextmanager
 async def _long_stream(client: httpx.AsyncClient, url: str) -> AsyncIterator[None]:
     """A generation that runs on the worker until the block exits (leaving it disconnects, and vLLM aborts)."""
+    # A long answer (1,900 tokens): it must outlast the scrapes, however slow the machine.
     body = {"model": MODEL, "prompt": list(range(5100, 5140)), "max_tokens": 1900, "ignore_eos": True,
             "stream": True}
     async with client.stream("POST", url + "/v1/completions", json=body, headers=WORKER_HEADERS) as response:
@@ -50,10 +51,14 @@ async def _long_stream(client: httpx.AsyncClient, url: str) -> AsyncIterator[Non
 
 
 async def _scrape_until(client: httpx.AsyncClient, url: str, done: Callable[[ScrapedMetrics], bool],
-                        attempts: int = 100) -> list[ScrapedMetrics]:
-    """Scrapes, stopping after the first that satisfies `done` (bounded: vLLM updates gauges per step)."""
+                        patience_s: float = 180.0) -> list[ScrapedMetrics]:
+    """Scrapes, stopping after the first that satisfies `done`. vLLM updates its gauges as its API
+    process handles each step's output, which a machine busy on every core delays by many seconds
+    (a bound of 100 scrapes, ~15 s, ran out beside CPU burners): the bound is only a guard."""
+    loop = asyncio.get_running_loop()
+    give_up = loop.time() + patience_s
     seen = [await scrape_metrics(client, url, 10)]
-    while not done(seen[-1]) and len(seen) < attempts:
+    while not done(seen[-1]) and loop.time() < give_up:
         await asyncio.sleep(0.05)
         seen.append(await scrape_metrics(client, url, 10))
     return seen
