@@ -51,6 +51,7 @@ class K8sDiscovery:
         self._owned: dict[str, int] = {}  # worker name -> the spec that added it
         self._leaving: dict[str, asyncio.Task[None]] = {}
         self._pending: set[str] = set()  # ready but not added yet (the add failed, or it was being removed)
+        self._wanted: dict[str, tuple[str, int]] = {}  # the last pass's ready endpoints: name -> (url, spec)
         self._removing: set[str] = set()
         self._wake = asyncio.Event()
         backoff = Backoff(initial_s=retry_s, max_s=max(retry_s, restart_backoff_max_s))
@@ -114,6 +115,13 @@ class K8sDiscovery:
                 want.setdefault(name, (url, index))
         for name, (url, index) in want.items():
             await self._arrive(name, url, index)
+        for name, (url, index) in self._wanted.items():
+            known = self.pool.records.get(name)
+            if name not in want and name not in self._owned and known is not None and known.url.rstrip("/") == url:
+                # Listed ready, and registered under that name and URL since the last pass (attested),
+                # but left before a pass adopted it: it is this discovery's to drain all the same.
+                self._owned[name] = index
+        self._wanted = want
         for name, index in list(self._owned.items()):
             if name not in want and index in self._seen and name not in self._leaving:
                 self._leaving[name] = asyncio.create_task(self._leave(name, index), name=f"drain {name}")
