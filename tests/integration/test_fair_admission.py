@@ -12,8 +12,6 @@ asserted, never a duration.
 from __future__ import annotations
 
 import asyncio
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -25,7 +23,7 @@ import yaml
 from openai import APIError, APIStatusError, AsyncOpenAI
 
 from tests.integration.conftest import MODEL
-from tests.integration.vllm_support import ROOT, free_port_pair, stop_process, tiny_llama_dir, wait_healthy
+from tests.integration.vllm_support import sim_worker
 from tests.servers import Server, metric_value, start_server
 
 pytestmark = pytest.mark.integration
@@ -37,17 +35,8 @@ RUNNING, QUEUED = 2, 6
 
 @pytest.fixture(scope="module")
 def sim_url() -> Iterator[str]:
-    port, kv_port = free_port_pair(), free_port_pair()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "gateway.cli", "worker", "--engine", "sim", "--model", str(tiny_llama_dir()),
-         "--served-model-name", MODEL, "--port", str(port), "--kv-events-port", str(kv_port), "--name", "sim",
-         "--profile", PROFILE], cwd=ROOT, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_healthy(url, proc)
+    with sim_worker(MODEL, PROFILE) as url:
         yield url
-    finally:
-        stop_process(proc)
 
 
 def _gateway(sim_url: str, tmp: Path, order: str) -> Server:

@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import signal
-import subprocess
-import sys
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -23,7 +21,7 @@ import pytest
 from tritonclient.grpc import service_pb2 as pb
 
 from tests.integration.conftest import MODEL
-from tests.integration.vllm_support import ROOT, free_port_pair, stop_process, tiny_llama_dir, wait_healthy
+from tests.integration.vllm_support import sim_worker
 from tests.servers import Server, metric_value, start_server
 
 pytestmark = pytest.mark.integration
@@ -35,17 +33,8 @@ NOT_READING = [("grpc.http2.bdp_probe", 0)]
 
 @pytest.fixture(scope="module")
 def sim_url() -> Iterator[str]:
-    port, kv_port = free_port_pair(), free_port_pair()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "gateway.cli", "worker", "--engine", "sim", "--model", str(tiny_llama_dir()),
-         "--served-model-name", MODEL, "--port", str(port), "--kv-events-port", str(kv_port), "--name", "sim",
-         "--profile", PROFILE], cwd=ROOT, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_healthy(url, proc)
+    with sim_worker(MODEL, PROFILE) as url:
         yield url
-    finally:
-        stop_process(proc)
 
 
 def _gateway(sim_url: str, tmp: Path, *flags: str) -> Server:

@@ -15,6 +15,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -127,6 +128,22 @@ def stop_process(proc: subprocess.Popen[bytes], timeout_s: float = 30.0) -> None
     except ProcessLookupError:
         pass
     proc.wait()
+
+
+@contextmanager
+def sim_worker(served_model: str, profile: str) -> Iterator[str]:
+    """One `sluice worker --engine sim` of the tiny model, named `sim`, paced by `profile`; yields its URL."""
+    port, kv_port = free_port_pair(), free_port_pair()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gateway.cli", "worker", "--engine", "sim", "--model", str(tiny_llama_dir()),
+         "--served-model-name", served_model, "--port", str(port), "--kv-events-port", str(kv_port), "--name", "sim",
+         "--profile", profile], cwd=ROOT, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_healthy(url, proc)
+        yield url
+    finally:
+        stop_process(proc)
 
 
 def metric_value(metrics_text: str, name: str) -> float:
