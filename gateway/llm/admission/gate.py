@@ -118,11 +118,6 @@ class Ticket(Waiter):
         if self._event is not None:
             await self._event.wait()
 
-    async def admitted_or_raise(self) -> None:
-        await self.wait()
-        if self.error is not None:
-            raise self.error
-
     def first_token(self) -> None:
         """The first token reached the client: count the deadline met or missed (once)."""
         if not self._timed and self.claim.deadline_s is not None:
