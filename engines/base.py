@@ -107,9 +107,16 @@ class Delta:
     # Why an engine stopped with finish_reason "error".
     error: str | None = None
     # Only for a request with `text_json`: the text of a run of plain events as a JSON string body
-    # (no quotes, as orjson writes it), in place of `text` and `token_ids`; `completion_tokens`
-    # counts them. Never set with a finish reason, parser output or logprobs.
+    # (no quotes, as orjson writes it), in place of `text`; `token_ids` holds their ids when the worker
+    # sent ids, and `completion_tokens` counts them. Never set with a finish reason, parser output or logprobs.
     text_json: bytes | None = None
+    # The prompt as the engine ran it (a remote chat worker renders its own), on the first Delta that
+    # follows the engine's report of it; None when it did not say. A resumed stream replays these ids.
+    prompt_token_ids: list[int] | None = None
+    # Why a stream that had started broke, on its final error Delta: "broken" (the worker's connection
+    # failed) or "stalled" (it sent nothing for the stall bound). None for an error the engine itself
+    # reported: only a lost worker's stream may be resumed elsewhere (gateway.llm.migration).
+    fault: Literal["broken", "stalled"] | None = None
 
 
 @dataclass(frozen=True, slots=True)

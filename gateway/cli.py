@@ -57,8 +57,7 @@ def _serve_parser(sub: Any) -> None:
                         "model with none is reported in /health and metrics, and the replica stays ready)")
     p.add_argument("--drain-timeout-s", type=float,
                    help="on SIGTERM, how long in-flight requests may finish while new ones get 503 [30]")
-    p.add_argument("--worker-stall-timeout-s", type=float,
-                   help="end a worker stream that sent nothing for this long after its first chunk [60]")
+    _worker_fault_flags(p)
     p.add_argument("--relay-interval-ms", type=float,
                    help="read a worker stream that brings 3 tokens or more per this many ms once per interval, "
                         "relaying what came as one event (less CPU per token, each token at most this much "
@@ -74,6 +73,17 @@ def _serve_parser(sub: Any) -> None:
     p.add_argument("--log-format", choices=LOG_FORMATS, help="text, or json: one object per line [text]")
     _security_flags(p)
     _observability_flags(p)
+
+
+def _worker_fault_flags(p: argparse.ArgumentParser) -> None:
+    """What a stream does when its worker stops answering mid-answer (gateway.llm.migration)."""
+    p.add_argument("--worker-stall-timeout-s", type=float,
+                   help="end a worker stream that sent nothing for this long after its first chunk [60]")
+    p.add_argument("--max-migrations", type=int,
+                   help="resume a stream whose worker is lost mid-answer (connection failed, or stalled) on the "
+                        "next-best worker at most this many times; 0: it ends with an error event [3]")
+    p.add_argument("--max-migration-replay-tokens", type=int,
+                   help="do not move an answer longer than this many tokens (its replay is a prefill) [32768]")
 
 
 def _connection_flags(p: argparse.ArgumentParser) -> None:

@@ -21,6 +21,7 @@ from engines.launchers.registration import WorkerRecord
 from engines.launchers.spec import read_worker_key
 from gateway.discovery.spec import parse_discovery, require_client
 from gateway.llm.admission import AdmissionConfig
+from gateway.llm.migration import MigrationConfig
 from gateway.logs import LOG_FORMATS
 from router import DEFAULT_POLICY, RouterConfig, validate_redis_url
 
@@ -82,6 +83,11 @@ class Settings(BaseSettings):
     # A worker stream that sent its first chunk and then nothing for this long is ended
     # with an error (a stopped or wedged worker keeps its connection open).
     worker_stall_timeout_s: float = Field(default=60.0, gt=0.0)
+    # A stream whose worker is lost mid-answer (its connection failed, or it stalled as above) resumes
+    # on the next-best worker this many times at most (0: it ends with an error event, as before);
+    # an answer longer than max_migration_replay_tokens is not moved.
+    max_migrations: int = Field(default=3, ge=0, le=16)
+    max_migration_replay_tokens: int = Field(default=32768, ge=1, le=1 << 20)
     # A client that stops reading: an SSE or gRPC stream whose write has waited this long, or that
     # has this many bytes queued unsent, is ended, its engine request aborted and its slot freed.
     stream_write_timeout_s: float = Field(default=30.0, gt=0.0)
@@ -244,6 +250,9 @@ class Settings(BaseSettings):
 
     def prompt_char_limit(self) -> int:
         return self.max_body_bytes if self.max_prompt_chars is None else self.max_prompt_chars
+
+    def migration(self) -> MigrationConfig:
+        return MigrationConfig(self.max_migrations, self.max_migration_replay_tokens)
 
     def admission(self) -> AdmissionConfig:
         return AdmissionConfig(self.max_running or None, self.max_queued or None, self.admission_order == "fair")

@@ -57,6 +57,7 @@ class _Dispatch:
     features: TtftFeatures  # what the cost knew at dispatch: the TTFT observation's regressors
     predicted_ttft_s: float
     model: str = ""
+    resume: bool = False  # an answer moved from a lost worker: its first token is no TTFT observation
     first_token: bool = False
 
 
@@ -161,12 +162,13 @@ class Router:
                                answer_tokens=s.learn.answer_tokens(model))
         return Ranking(model, policy, n, tuple(ranked), chains, shared_chains)
 
-    def on_dispatch(self, request_id: str, ranking: Ranking, worker: str) -> None:
+    def on_dispatch(self, request_id: str, ranking: Ranking, worker: str, *, resume: bool = False) -> None:
         """`request_id` is being sent to `worker` (one of `ranking`'s candidates).
 
         Adds speculative index entries for the prompt on `worker`, counts the
-        request in flight, and makes it the probe of a half-open breaker.
-        Raises KeyError for an unknown worker.
+        request in flight, and makes it the probe of a half-open breaker. A `resume`
+        (an answer moved from a lost worker) is priced and counted like any prompt, but its
+        first token is not an observation of the worker's TTFT. Raises KeyError for an unknown worker.
         """
         s = self._state
         w = s.workers[worker]
@@ -191,7 +193,7 @@ class Router:
         s.load.expect(request_id, chain[cached_blocks:], cached_blocks, w.block_size)
         w.health.breaker.on_dispatch(now)
         self._dispatches[request_id] = _Dispatch(worker, predicted, w.block_size, new, now, f, ttft_s,
-                                                 ranking.model)
+                                                 ranking.model, resume=resume)
         self.metrics.predicted_ttft.labels(worker).observe(ttft_s)
 
     def on_first_token(self, request_id: str) -> None:
@@ -206,9 +208,19 @@ class Router:
         now = s.clock()
         if (w := s.workers.get(d.worker)) is not None:
             w.health.note_alive(now)
+        if d.resume:
+            return
         actual_s = now - d.dispatched_at
         s.learn.observe_ttft(d.worker, d.features, actual_s, d.predicted_ttft_s)
         self.metrics.observe_ttft(d.worker, d.predicted_ttft_s, actual_s)
+
+    def mark_down(self, name: str) -> None:
+        """`name` was lost mid-answer (its connection failed, or it went silent): unhealthy and its
+        breaker open at once, so no request is ranked there until a health check and a probe pass.
+        Unknown names are ignored."""
+        w = self._state.workers.get(name)
+        if w is not None:
+            w.health.mark_down(self._state.clock())
 
     def on_finish(self, request_id: str, *, cached_tokens: int | None = None, error: bool = False,
                   completion_tokens: int | None = None) -> None:

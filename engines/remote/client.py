@@ -245,7 +245,8 @@ class RemoteEngine:
                 error = self._failure(failure, rid)
                 if not sent_any:
                     raise error from None
-                yield Delta(finish_reason="error", error=error.message, completion_tokens=assembler.completion_tokens)
+                yield Delta(finish_reason="error", error=error.message, completion_tokens=assembler.completion_tokens,
+                            fault="stalled" if isinstance(failure, TimeoutError) else "broken")
                 return
             if assembler.done or ended:
                 if not assembler.done:  # the body (or [DONE]) ended before the final chunk

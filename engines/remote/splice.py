@@ -7,7 +7,7 @@ decoded in full and found plain (one choice, index 0, text, no logprobs, no fini
 no parser output) and keeps its bytes before the text, between the text and the ids, and after
 the ids. `match(payload)` then reads an event that has exactly those bytes around a string body
 and an id list: it returns the text as JSON-escaped bytes, exactly as orjson writes that string,
-and the token count, without decoding the event. Such an event decodes to the learned one with
+and the token ids, without decoding the event. Such an event decodes to the learned one with
 only the text and the ids changed, so it means the same to `StreamAssembler`. Anything else
 (another shape, a string that is not canonical JSON, malformed bytes) is None: the caller decodes
 it in full, and malformed bytes fail there as they always did.
@@ -144,8 +144,9 @@ class PlainTemplate:
         self.ready = True
         return True
 
-    def match(self, payload: bytes) -> tuple[bytes, int] | None:
-        """(text as a canonical JSON string body, tokens) of a plain chunk in the learned layout, else None."""
+    def match(self, payload: bytes) -> tuple[bytes, list[int] | None] | None:
+        """(text as a canonical JSON string body, its token ids or None if the chunk has none) of a plain
+        chunk in the learned layout, else None."""
         prefix, middle, suffix = self.prefix, self.middle, self.suffix
         if not self.ready or not payload.startswith(prefix):
             return None
@@ -153,7 +154,7 @@ class PlainTemplate:
             stop = len(payload) - len(middle)
             if stop < len(prefix) or not payload.endswith(middle):
                 return None
-            raw, tokens = payload[len(prefix):stop], -1
+            raw, ids = payload[len(prefix):stop], None
         else:
             stop = len(payload) - len(suffix)
             if not payload.endswith(suffix):
@@ -162,20 +163,20 @@ class PlainTemplate:
             at = bracket + 1 - len(middle)
             if bracket < 0 or at < len(prefix) or not payload.startswith(middle, at):
                 return None
-            ids = payload[bracket + 1:stop]
-            if not ids:
-                tokens = -1
-            elif ids.isdigit() and len(ids) < 20 and (ids[0] != 48 or len(ids) == 1):  # one id: 48 is "0"
-                tokens = 1
-            elif _IDS.fullmatch(ids) is not None:
-                tokens = ids.count(b",") + 1
+            written = payload[bracket + 1:stop]
+            if not written:
+                ids = None
+            elif written.isdigit() and len(written) < 20 and (written[0] != 48 or len(written) == 1):  # 48: "0"
+                ids = [int(written)]
+            elif _IDS.fullmatch(written) is not None:
+                ids = _id_list(written)
             else:
                 return None
             raw = payload[len(prefix):at]
         body = canonical_body(raw)
         if body is None:
             return None
-        return body, tokens if tokens >= 0 else int(bool(body))
+        return body, ids
 
 
 @dataclass(slots=True)
@@ -205,6 +206,7 @@ class SplicedBatch:
         self.spliced = 0  # events read through the template
         self.decoded = 0  # events decoded in full
         self._run: list[bytes] = []
+        self._run_ids: list[int] = []  # the run's token ids, as the worker sent them
         self._run_tokens = 0  # the cumulative count at the run's last event
         self._pending: list[Delta] = []
         self._out: list[Delta] = []
@@ -217,11 +219,14 @@ class SplicedBatch:
         hit = self.template.match(payload)
         if hit is not None:
             self.spliced += 1
-            body, tokens = hit
+            body, ids = hit
+            tokens = len(ids) if ids is not None else int(bool(body))
             if tokens:
                 self._flush_pending()
                 a.completion_tokens += tokens
                 self._run.append(body)
+                if ids is not None:
+                    self._run_ids.extend(ids)
                 self._run_tokens = a.completion_tokens
             return
         self.decoded += 1
@@ -230,6 +235,7 @@ class SplicedBatch:
             if d.logprobs is None and plain(d):
                 self._flush_pending()
                 self._run.append(json_body(d.text))
+                self._run_ids.extend(d.token_ids)
                 self._run_tokens = d.completion_tokens
             else:
                 self._flush_run()
@@ -245,8 +251,10 @@ class SplicedBatch:
 
     def _flush_run(self) -> None:
         if self._run:
-            self._out.append(Delta(text_json=b"".join(self._run), completion_tokens=self._run_tokens))
-            self._run.clear()
+            self._out.append(Delta(text_json=b"".join(self._run), token_ids=self._run_ids,
+                                   completion_tokens=self._run_tokens))
+            self._run = []
+            self._run_ids = []
 
     def _flush_pending(self) -> None:
         if self._pending:

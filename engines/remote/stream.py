@@ -47,6 +47,10 @@ class StreamAssembler:
         self.usage_completion_tokens: int | None = None
         self.pending_finish: FinishReason | None = None
         self.done = False  # a final Delta has been returned
+        # The prompt as the worker ran it, once it said (vLLM's `return_token_ids`: the chat chunk's top
+        # level, a completion choice's), until a Delta carries it on.
+        self.prompt_token_ids: list[int] | None = None
+        self._prompt_said = False
 
     def feed(self, chunk: dict[str, Any]) -> list[Delta]:
         """Deltas produced by one chunk; after an error chunk, the stream is over."""
@@ -59,10 +63,14 @@ class StreamAssembler:
         usage = chunk.get("usage")
         if isinstance(usage, dict):
             self._take_usage(usage)
+        if not self._prompt_said:
+            self._take_prompt(chunk.get("prompt_token_ids"))
         out: list[Delta] = []
         for choice in chunk.get("choices") or []:
             if choice.get("index", 0) != 0:
                 continue  # one engine request is one choice (the gateway fans out n)
+            if not self._prompt_said:
+                self._take_prompt(choice.get("prompt_token_ids"))
             delta = self._choice_delta(choice)
             if delta is not None:
                 out.append(delta)
@@ -88,6 +96,10 @@ class StreamAssembler:
         if isinstance(details, dict) and details.get("cached_tokens") is not None:
             self.cached_tokens = int(details["cached_tokens"])
 
+    def _take_prompt(self, ids: Any) -> None:
+        if isinstance(ids, list) and ids and all(type(t) is int and t >= 0 for t in ids):
+            self.prompt_token_ids, self._prompt_said = ids, True
+
     def _choice_delta(self, choice: dict[str, Any]) -> Delta | None:
         extra: dict[str, Any] | None = None
         if self.chat:
@@ -103,8 +115,9 @@ class StreamAssembler:
         self.completion_tokens += len(token_ids) if token_ids else (1 if text or extra else 0)
         if not (text or extra or token_ids or logprobs):
             return None
+        prompt, self.prompt_token_ids = self.prompt_token_ids, None
         return Delta(text=text, token_ids=token_ids, completion_tokens=self.completion_tokens,
-                     chat_extra=extra, logprobs=logprobs or None)
+                     chat_extra=extra, logprobs=logprobs or None, prompt_token_ids=prompt)
 
     def _final(self, reason: FinishReason, *, error: str | None = None) -> Delta:
         if self.usage_completion_tokens is not None:
@@ -115,7 +128,8 @@ class StreamAssembler:
 
 def plain(d: Delta) -> bool:
     """A Delta that only adds text (and its ids and logprobs): `coalesce` merges runs of them."""
-    return d.finish_reason is None and d.chat_extra is None and d.prompt_tokens is None and d.cached_tokens is None
+    return d.finish_reason is None and d.chat_extra is None and d.prompt_tokens is None and d.cached_tokens is None \
+        and d.prompt_token_ids is None
 
 
 def coalesce(deltas: list[Delta]) -> list[Delta]:

@@ -55,7 +55,8 @@ def _llm_service(settings: Settings, registry: CollectorRegistry, metrics: LLMMe
     llm = LLMService(metrics, settings.admission(), settings.max_fanout, tokens=security.quotas,
                      tracing=Tracing(settings.otlp_endpoint, __version__),
                      salt_for=CacheNamespaces.of(security.api.principals()).salt,
-                     claim_for=claims_of((p.id, p.tenant or p.id, p.entitlement) for p in security.api.principals()))
+                     claim_for=claims_of((p.id, p.tenant or p.id, p.entitlement) for p in security.api.principals()),
+                     migration=settings.migration())
     llm.registry.observer_for = AdmissionMetrics(registry).observer
     registry.register(EngineStatsCollector(llm.engine_stats))
     registry.register(ModelReadyCollector(llm.registry.readiness))

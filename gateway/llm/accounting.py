@@ -14,8 +14,10 @@ from gateway.llm.registry import LLMModel
 class StreamClock:
     """Per-attempt timing: TTFT on the first visible delta, inter-token latency after."""
 
-    def __init__(self, metrics: LLMMetrics, model: str, t0: float, exemplar: dict[str, str] | None = None) -> None:
+    def __init__(self, metrics: LLMMetrics, model: str, t0: float, exemplar: dict[str, str] | None = None, *,
+                 ttft: bool = True) -> None:
         self.m, self.model, self.exemplar = metrics, model, exemplar  # the TTFT's exemplar (the request's trace)
+        self.ttft = ttft  # False for an attempt that resumes an answer: its first token is no TTFT
         self.itl = metrics.itl.labels(model)  # looked up once: `labels()` per token cost more than the observation
         self.t0 = self.last_t = t0
         self.first = True
@@ -27,7 +29,8 @@ class StreamClock:
         visible = bool(delta.text or delta.token_ids or delta.chat_extra or delta.text_json is not None)
         first = self.first and (visible or delta.finish_reason is not None)
         if first:
-            self.m.ttft.labels(self.model).observe(now - self.t0, self.exemplar)
+            if self.ttft:
+                self.m.ttft.labels(self.model).observe(now - self.t0, self.exemplar)
             self.first = False
         elif visible:
             self.itl.observe(now - self.last_t)

@@ -24,27 +24,34 @@ from gateway.llm.accounting import StreamClock, account_finished, gauge_admissio
 from gateway.llm.admission import Ticket
 from gateway.llm.fanout import merge
 from gateway.llm.metrics import LLMMetrics
+from gateway.llm.migration import Migrator, Resumed, Sent
 from gateway.llm.registry import LLMModel
 from gateway.llm.targets import Target
 from gateway.llm.tracing import NO_TRACE, RequestTrace
 
 
 @dataclass(slots=True)
-class _Choice:
-    request: EngineRequest
+class Choice:
+    """One engine request of a dispatch (a prompt × one of n) and its attempts."""
+
+    request: EngineRequest  # what the current attempt runs (after a migration: the resume)
     targets: list[Target]  # ranked, best first; never empty (once it answered: the first and the current)
     current: int = 0  # the target of the open (or last) attempt
     open: bool = False  # the current attempt was dispatched and not yet finished
     # Tokens generated so far: the engine's count once it reports one, else counted from
     # the deltas, so a stream the client left early is still charged for what it used.
     completion_tokens: int = 0
+    sent: Sent = field(default_factory=Sent)  # what the client has (kept only when streams may migrate)
+    origin: EngineRequest | None = None  # the request as the client made it, once it was resumed
+    resumed: Resumed | None = None  # the current attempt resumes the answer after this many tokens
+    lost: set[str] = field(default_factory=set)  # workers lost mid-answer: no resume goes there
 
 
 @dataclass(slots=True, weakref_slot=True, eq=False)  # identity: kept in a WeakSet
 class Dispatch:
     metrics: LLMMetrics
     model: LLMModel
-    choices: list[_Choice]
+    choices: list[Choice]
     ticket: Ticket
     request_id: str
     created: int = field(default_factory=lambda: int(time.time()))
@@ -55,6 +62,8 @@ class Dispatch:
     exemplar: dict[str, str] | None = None
     # With a TTFT deadline: the predicted time to first token it was admitted on (X-Sluice-Predicted-TTFT-Ms).
     predicted_ttft_s: float | None = None
+    # Resumes a stream whose worker was lost mid-answer on another (gateway.llm.migration); None: it ends.
+    migrator: Migrator | None = None
     _closed: bool = False
     _interrupted: SluiceError | None = None
     _wake: asyncio.Event | None = None  # set by interrupt(); made only while waiting for admission
@@ -94,7 +103,7 @@ class Dispatch:
         """Tell the router which worker each choice goes to; called with no `await`
         since ranking, so concurrent requests see each other's load."""
         for choice in self.choices:
-            self._open(choice)
+            self.open_attempt(choice)
 
     async def deltas(self) -> AsyncGenerator[tuple[int, Delta], None]:
         """All choices' deltas, tagged with the choice index; closes the dispatch at the end.
@@ -154,29 +163,53 @@ class Dispatch:
             self.trace.end()
 
     # -- one choice ------------------------------------------------------------
-    async def _run(self, choice: _Choice) -> AsyncGenerator[Delta, None]:
+    async def _run(self, choice: Choice) -> AsyncGenerator[Delta, None]:
         t0 = time.monotonic()
+        migrator = self.migrator
         try:
             while True:
                 started = False
+                lost: Delta | SluiceError | None = None  # how a worker lost mid-answer ended its attempt
                 try:
                     async with aclosing(self._attempt(choice, t0)) as stream:
                         async for delta in stream:
+                            if delta.fault is not None and migrator is not None:
+                                lost = delta
+                                break
+                            if delta.fault is not None:
+                                account_finished(self.metrics, self.model.name, choice.request, delta)
                             started = True
+                            if migrator is not None:
+                                choice.sent.add(delta, time.monotonic())
                             yield delta
-                    return
+                    if lost is None:
+                        return
                 except SluiceError as e:
-                    if started or not e.retryable or choice.current + 1 >= len(choice.targets):
+                    if not started and e.retryable and choice.current + 1 < len(choice.targets):
+                        self.metrics.retries.labels(self.model.name).inc()
+                        choice.current += 1
+                        self.open_attempt(choice)
+                        continue
+                    if migrator is None or not choice.sent.any or not e.worker_fault:
                         raise
-                    self.metrics.retries.labels(self.model.name).inc()
-                    choice.current += 1
-                    self._open(choice)
+                    lost = e
+                assert migrator is not None and lost is not None
+                out, then = migrator.resume(self.metrics, self.model.name, choice, lost)
+                if then == "attempt":
+                    self.open_attempt(choice)
+                for delta in out:
+                    yield delta
+                if then == "fail" and isinstance(lost, SluiceError):
+                    raise lost
+                if then != "attempt":
+                    return
         finally:
             self.metrics.e2e.labels(self.model.name).observe(time.monotonic() - t0, self.exemplar)
 
-    async def _attempt(self, choice: _Choice, t0: float) -> AsyncGenerator[Delta, None]:
+    async def _attempt(self, choice: Choice, t0: float) -> AsyncGenerator[Delta, None]:
         target = choice.targets[choice.current]
-        clock = StreamClock(self.metrics, self.model.name, t0, self.exemplar)
+        resumed = choice.resumed
+        clock = StreamClock(self.metrics, self.model.name, t0, self.exemplar, ttft=resumed is None)
         # Only worker faults count against a worker (circuit breaker): not a client
         # that went away, nor a request the engine rightly refused.
         fault = False
@@ -188,17 +221,23 @@ class Dispatch:
                 async for delta in stream:
                     if not settled:
                         settled, target = True, _settle(choice)
+                    if resumed is not None:
+                        delta = resumed.adjust(delta)
                     call.observe(delta)
                     _count_tokens(choice, delta)
                     if clock.tick(delta):
                         self.ticket.first_token()
                         if target.on_first_token is not None:
                             target.on_first_token()
+                        if resumed is not None:
+                            self.metrics.migration_pause.labels(self.model.name).observe(
+                                time.monotonic() - choice.sent.last_at)
                     if delta.finish_reason is not None:
                         fault = delta.finish_reason == "error"
                         if delta.finish_reason in ("stop", "length", "tool_calls"):
                             answered = choice.completion_tokens
-                        account_finished(self.metrics, self.model.name, choice.request, delta)
+                        if delta.fault is None:  # a lost worker's: accounted if it reaches the client
+                            account_finished(self.metrics, self.model.name, choice.request, delta)
                     yield delta
         except SluiceError as e:
             fault = e.worker_fault
@@ -206,13 +245,13 @@ class Dispatch:
         finally:
             self._finish(choice, clock.reported_cached, fault, answered)
 
-    def _open(self, choice: _Choice) -> None:
+    def open_attempt(self, choice: Choice) -> None:
         choice.open = True
         hook = choice.targets[choice.current].on_dispatch
         if hook is not None:
             hook()
 
-    def _finish(self, choice: _Choice, cached_tokens: int | None, fault: bool,
+    def _finish(self, choice: Choice, cached_tokens: int | None, fault: bool,
                 answered: int | None = None) -> None:
         if not choice.open:
             return
@@ -222,7 +261,7 @@ class Dispatch:
             hook(cached_tokens, fault, answered)
 
 
-def _settle(choice: _Choice) -> Target:
+def _settle(choice: Choice) -> Target:
     """The current attempt answered, so no other target will be tried: keep only the first-ranked
     one (the headers carry its prediction) and the current one, both without their dispatch hook
     (already called), which holds the router's whole ranking. A long stream then holds one or two
@@ -235,7 +274,7 @@ def _settle(choice: _Choice) -> Target:
     return kept[-1]
 
 
-def _count_tokens(choice: _Choice, delta: Delta) -> None:
+def _count_tokens(choice: Choice, delta: Delta) -> None:
     if delta.finish_reason is not None and delta.completion_tokens:
         choice.completion_tokens = delta.completion_tokens  # the engine's own count is exact
     else:
@@ -246,7 +285,7 @@ def _count_tokens(choice: _Choice, delta: Delta) -> None:
 def start_dispatch(metrics: LLMMetrics, model: LLMModel, requests: list[EngineRequest],
                    ranked: list[list[Target]], ticket: Ticket, request_id: str,
                    trace: RequestTrace = NO_TRACE) -> Dispatch:
-    d = Dispatch(metrics, model, [_Choice(r, t) for r, t in zip(requests, ranked, strict=True)], ticket,
+    d = Dispatch(metrics, model, [Choice(r, t) for r, t in zip(requests, ranked, strict=True)], ticket,
                  request_id, trace=trace)
     if trace.sampled and trace.trace_id is not None:
         d.exemplar = {"trace_id": trace.trace_id}

@@ -51,6 +51,14 @@ class LLMMetrics:
                             ["model"], registry=r)
         self.retries = Counter("sluice_request_retries", "Requests moved to the next-ranked worker after a "
                                "failure before the first byte.", ["model"], registry=r)
+        self.migrations = Counter(
+            "sluice_llm_migrations", "Streams whose worker was lost mid-answer, by cause (broken: its connection "
+            "failed; stalled: silent past --worker-stall-timeout-s) and outcome (resumed, or why not).",
+            ["model", "cause", "outcome"], registry=r)
+        self.migration_pause = Histogram(
+            "sluice_llm_migration_pause_seconds", "Resumed streams: time from the client's last delta before the "
+            "fault to its first delta from the next worker, seconds.", ["model"], buckets=_LATENCY_BUCKETS_S,
+            registry=r)
         self.inflight_limit = Gauge("sluice_requests_inflight_limit",
                                     "Admitted LLM requests a model may have at once (--max-running, else its "
                                     "capacity).", ["model"], registry=r)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import weakref
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any, Literal
 
@@ -21,6 +21,7 @@ from gateway.llm.admission import DEFAULT_CLAIM, AdmissionConfig, Asks, Claim, C
 from gateway.llm.admission.deadlines import refuse_if_late
 from gateway.llm.dispatch import Dispatch, start_dispatch
 from gateway.llm.metrics import LLMMetrics
+from gateway.llm.migration import MigrationConfig, Migrator
 from gateway.llm.params import GenerationParams, check, sampling_for
 from gateway.llm.registry import LLMModel, ModelRegistry
 from gateway.llm.targets import LocalBackend, RouteHints, Target
@@ -67,8 +68,11 @@ class GenerateCall:
 class LLMService:
     def __init__(self, metrics: LLMMetrics, admission: AdmissionConfig | None = None, max_fanout: int = 128,
                  tokens: TokenQuota | None = None, tracing: Tracing | None = None,
-                 salt_for: SaltFor | None = None, claim_for: ClaimFor | None = None) -> None:
+                 salt_for: SaltFor | None = None, claim_for: ClaimFor | None = None,
+                 migration: MigrationConfig | None = None) -> None:
         self.metrics = metrics
+        # Streams of routed models whose worker is lost mid-answer resume elsewhere (None or a budget of 0: not).
+        self.migration = migration if migration is not None and migration.max_migrations > 0 else None
         self.tracing = tracing or Tracing(None)
         self.registry = ModelRegistry(admission or AdmissionConfig())
         self.registry.on_change = metrics.model_changed
@@ -137,6 +141,10 @@ class LLMService:
                                      prompt_tokens=prompt_tokens)
         d = start_dispatch(self.metrics, call.model, requests, ranked, ticket, call.request_id, trace)
         d.predicted_ttft_s = predicted
+        backend = call.model.backend
+        if self.migration is not None and backend.shared:  # routed workers: there is another to resume on
+            d.migrator = Migrator(self.migration, partial(backend.rank, hints=replace(call.hints, resume=True)),
+                                  call.model.tokenizer)
         return d
 
     async def interrupt_all(self, error: SluiceError) -> int:

@@ -26,6 +26,8 @@ class Target:
     on_first_token: Callable[[], None] | None = None
     # (reported cached tokens, worker fault, tokens of an answer that ran to its end or None)
     on_finish: Callable[[int | None, bool, int | None], None] | None = None
+    # The worker was lost mid-answer (its stream is being resumed elsewhere): the router marks it down.
+    on_lost: Callable[[], None] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,6 +37,9 @@ class RouteHints:
     # The worker that served the conversation's previous turn (a Responses previous_response_id):
     # preferred under the prefix policy unless the cost model predicts another clearly faster.
     prefer_worker: str | None = None
+    # The request resumes an answer whose worker was lost (gateway.llm.migration): its first token
+    # comes after a prefill of the answer so far, so it is no observation of the worker's TTFT.
+    resume: bool = False
 
 
 class Backend(Protocol):

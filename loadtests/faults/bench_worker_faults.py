@@ -13,9 +13,11 @@ engine step `--step-s` long, so an answer streams for seconds) behind `sluice se
   noticed: each must be answered, by a live worker (a refused connection is retried on another
   worker before the first byte; `sluice_request_retries_total` counts it).
 
-A killed worker stays dead, so nothing starts up while a kill is timed; the last round is left
-with two live workers. The integration test on vLLM workers (tests/integration/
-test_faults_workers.py) checks how a killed worker's stream ends but no longer asserts how fast;
+The gateway runs with `--max-migrations 0`, so a lost stream ends as it did before streams
+could move (loadtests/faults/bench_migration.py measures the resume). A killed worker stays
+dead, so nothing starts up while a kill is timed; the last round is left with two live workers.
+The integration test on vLLM workers (tests/integration/test_faults_workers.py) checks how a
+killed worker's stream ends but no longer asserts how fast;
 this reports it: p50, p99 and max of kill-to-end, and how many rounds exceeded `--bound-s`
 (2 s, the bound that test used to assert). Exits 1 if a stream did not end, a probe failed, or
 the other stream broke.
@@ -118,7 +120,7 @@ class Fleet:
     """`n` sim workers, one process each, and the gateway in front of them. A killed worker stays
     dead: each round kills a fresh one, so no worker starts (4 s of CPU each) while a kill is timed."""
 
-    def __init__(self, scratch: Path, step_s: float, n: int) -> None:
+    def __init__(self, scratch: Path, step_s: float, n: int, gateway_args: list[str] | None = None) -> None:
         gateway_port, *worker_ports = procs.free_ports(n + 1)
         self.ports = {f"sim-{p}": p for p in worker_ports}
         self.workers = {name: procs.sim_fleet(port, scratch / f"{name}.log", profile=f"base_s={step_s}",
@@ -126,7 +128,7 @@ class Fleet:
                         for name, port in self.ports.items()}
         workers_file = procs.workers_file(scratch / "workers.yaml", worker_ports, kv_base=None)
         self.gateway_url = f"http://127.0.0.1:{gateway_port}"
-        self.gateway = procs.sluice(gateway_port, workers_file, scratch / "gateway.log")
+        self.gateway = procs.sluice(gateway_port, workers_file, scratch / "gateway.log", extra=gateway_args)
         try:
             for name, proc in self.workers.items():
                 procs.wait_ok(f"http://127.0.0.1:{self.ports[name]}", proc, timeout_s=300)
@@ -266,7 +268,8 @@ def main() -> int:
     args = parse_args()
     started, load_at_start = time.monotonic(), os.getloadavg()[0]
     with tempfile.TemporaryDirectory(prefix="sluice-faults-") as tmp:
-        fleet = Fleet(Path(tmp), args.step_s, args.rounds + 1)
+        # Migration off: this measures how a lost stream ends (loadtests/faults/bench_migration.py: how it goes on).
+        fleet = Fleet(Path(tmp), args.step_s, args.rounds + 1, ["--max-migrations", "0"])
         startup_s = time.monotonic() - started
         try:
             rounds = asyncio.run(run(fleet, args))
@@ -281,7 +284,8 @@ def main() -> int:
                            "profile": f"base_s={args.step_s}", "kill_after_events": args.kill_after_events,
                            "victim_max_tokens": args.victim_tokens,
                            "other_max_tokens": args.other_tokens, "probe_requests": args.probe_requests,
-                           "client": "httpx, the time a line is read", "routing": "X-Routing-Policy: round_robin"},
+                           "client": "httpx, the time a line is read", "routing": "X-Routing-Policy: round_robin",
+                           "gateway": "--max-migrations 0 (a lost stream ends with an error event)"},
               "summary": summarize(rounds, args.bound_s), "rounds": rounds,
               "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
                           "load_avg_1m_at_start": round(load_at_start, 2),

@@ -68,6 +68,12 @@ class CircuitBreaker:
         self._cooldown_s = self._base_cooldown_s
         self._probe_in_flight = False
 
+    def trip(self, now: float) -> None:
+        """Open now, whatever the count (the worker was seen lost)."""
+        self._failures = max(self._failures, self._threshold)
+        if self.state(now) is not BreakerState.OPEN:
+            self._open(now, self._base_cooldown_s)
+
     def record_failure(self, now: float) -> None:
         st = self.state(now)
         self._failures += 1
@@ -106,6 +112,13 @@ class WorkerHealth:
     def note_alive(self, now: float) -> None:
         """The worker just delivered (a first token or a finished answer)."""
         self._alive_at = now
+
+    def mark_down(self, now: float) -> None:
+        """Seen lost mid-answer: unhealthy until a check passes, its breaker open, and its past signs
+        of life void (a failed check counts)."""
+        self.healthy = False
+        self._alive_at = None
+        self.breaker.trip(now)
 
     def record_check(self, ok: bool, now: float = 0.0) -> bool:
         """Result of one active check: one success heals, N failures in a row mark unhealthy.

@@ -1,5 +1,9 @@
 """Worker faults under load, on real vLLM workers of this module's own (it stops and kills them).
 
+Two gateways over the same three workers: one with `--max-migrations 0`, which ends a stream whose
+worker is lost as Sluice did before streams could move (the first two tests: a budget of 0 keeps that
+behaviour), and one with the defaults, which resumes it on another worker (the last two).
+
 - A worker stopped with SIGSTOP mid-stream keeps its TCP connection open and sends
   nothing: its stream ends with an error event once the gateway's stall bound
   (`--worker-stall-timeout-s`, 3 s here) passes, not after the 600 s read timeout.
@@ -9,6 +13,9 @@
   routed to the dead worker before anyone noticed are retried on the live one before
   their first byte (`sluice_request_retries_total`), and once health checks mark it
   down new requests go to the live one directly.
+- With migration on, a long greedy chat streamed through the official OpenAI SDK whose worker is
+  SIGKILLed, or SIGSTOPped past the stall bound, mid-answer, arrives as one stream, without an error,
+  whose text is exactly the text of the same request answered without a fault.
 """
 
 from __future__ import annotations
@@ -26,6 +33,7 @@ from dataclasses import dataclass, field
 import httpx
 import psutil
 import pytest
+from openai import AsyncOpenAI
 
 from tests.integration.conftest import MODEL, Worker, gateway_over, vllm_workers
 from tests.integration.vllm_support import EngineBrake, engines_stopped, held_mid_stream
@@ -38,13 +46,20 @@ ROUND_ROBIN = {"X-Routing-Policy": "round_robin"}
 
 
 @pytest.fixture(scope="module")
-def pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Server, list[Worker]]]:
-    with vllm_workers(2, "fault") as workers:
-        gateway = gateway_over(workers, tmp_path_factory.mktemp("faults"), "--worker-stall-timeout-s", str(STALL_S))
-        try:
-            yield gateway, workers
-        finally:
-            gateway.stop()
+def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Server, Server, list[Worker]]]:
+    """The no-migration gateway, the migrating one, and their three workers."""
+    with vllm_workers(3, "fault") as workers, ExitStack() as gateways:
+        stall = ("--worker-stall-timeout-s", str(STALL_S))
+        plain = gateway_over(workers, tmp_path_factory.mktemp("faults"), *stall, "--max-migrations", "0")
+        gateways.callback(plain.stop)
+        migrating = gateway_over(workers, tmp_path_factory.mktemp("migrating"), *stall)
+        gateways.callback(migrating.stop)
+        yield plain, migrating, workers
+
+
+@pytest.fixture(scope="module")
+def pair(fleet: tuple[Server, Server, list[Worker]]) -> tuple[Server, list[Worker]]:
+    return fleet[0], fleet[2]
 
 
 def _engine_server(worker: Worker) -> psutil.Process:
@@ -185,6 +200,109 @@ async def test_a_stopped_worker_mid_stream_is_given_up_after_the_stall_bound(pai
     await _until_healthy(gateway, victim.name, True)
 
 
+# -- with migration: the stream goes on ------------------------------------------------------------
+ANSWER_TOKENS = 600  # long enough to be held still mid-answer while braked
+
+
+@dataclass
+class SdkStream:
+    """A chat streamed through the official SDK: its chunks' ids, text, finish reason and usage."""
+
+    worker: str = ""
+    ids: set[str] = field(default_factory=set)
+    text: list[str] = field(default_factory=list)
+    finish_reason: str | None = None
+    completion_tokens: int | None = None
+    started: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+async def _sdk_chat(client: AsyncOpenAI, tag: str, out: SdkStream) -> None:
+    """Greedy, `ignore_eos`, ANSWER_TOKENS long. An error event would raise (the SDK's APIError)."""
+    raw = await client.chat.completions.with_raw_response.create(
+        model=MODEL, messages=[{"role": "user", "content": f"{tag}: tell me a very long story"}],
+        max_tokens=ANSWER_TOKENS, temperature=0, stream=True, stream_options={"include_usage": True},
+        extra_body={"ignore_eos": True})
+    out.worker = raw.headers["x-sluice-worker"]
+    stream = raw.parse()
+    async for chunk in stream:
+        out.ids.add(chunk.id)
+        if chunk.usage is not None:
+            out.completion_tokens = chunk.usage.completion_tokens
+        for choice in chunk.choices:
+            if choice.delta.content:
+                out.text.append(choice.delta.content)
+                out.started.set()
+            if choice.finish_reason:
+                out.finish_reason = choice.finish_reason
+
+
+async def _held_on_its_worker(client: AsyncOpenAI, tag: str, live: list[Worker], brake: EngineBrake
+                              ) -> tuple[SdkStream, asyncio.Task[None], Worker]:
+    """The chat under way and its worker's engine held still mid-answer (set up again, at most five
+    times, if the answer ended before the hold); the other workers' engines run freely."""
+    by_name = {w.name: w for w in live}
+    for _ in range(5):
+        out = SdkStream()
+        task = asyncio.create_task(_sdk_chat(client, tag, out))
+        await asyncio.wait_for(out.started.wait(), 120)
+        victim = by_name[out.worker]
+        if await held_mid_stream(task, lambda o=out: len(o.text), brake, [victim.proc.pid]):
+            brake.free([w.proc.pid for w in live if w is not victim])
+            return out, task, victim
+        await asyncio.gather(task, return_exceptions=True)
+    raise AssertionError("the answer kept finishing before its engine was held")
+
+
+async def _reference(client: AsyncOpenAI, tag: str) -> SdkStream:
+    out = SdkStream()
+    await asyncio.wait_for(_sdk_chat(client, tag, out), 300)
+    assert out.finish_reason == "length" and out.completion_tokens == ANSWER_TOKENS
+    return out
+
+
+def _assert_one_whole_stream(got: SdkStream, reference: SdkStream) -> None:
+    assert len(got.ids) == 1, got.ids  # one stream: the same id from the first chunk to the last
+    assert got.finish_reason == "length" and got.completion_tokens == ANSWER_TOKENS  # each token counted once
+    assert "".join(got.text) == "".join(reference.text)  # nothing missing, nothing twice, token for token
+
+
+def _migrations(gateway: Server, cause: str) -> float:
+    return _metric(gateway, "sluice_llm_migrations_total", {"model": MODEL, "cause": cause, "outcome": "resumed"})
+
+
+async def test_a_stopped_worker_mid_answer_is_resumed_elsewhere_exactly(fleet) -> None:
+    _, migrating, workers = fleet
+    for w in workers:
+        await _until_healthy(migrating, w.name, True)
+    before = _migrations(migrating, "stalled")
+    async with AsyncOpenAI(base_url=migrating.url + "/v1", api_key="none", max_retries=0, timeout=300) as client:
+        reference = await _reference(client, "stall-resume")
+        with EngineBrake([w.proc.pid for w in workers]) as brake:
+            got, task, victim = await _held_on_its_worker(client, "stall-resume", workers, brake)
+            # Its API server too: the connection stays open and sends nothing, past the stall bound.
+            with engines_stopped([victim.proc.pid], api_server=True):
+                await asyncio.wait_for(task, 300)
+    _assert_one_whole_stream(got, reference)
+    assert _migrations(migrating, "stalled") == before + 1
+    await _until_healthy(migrating, victim.name, True)  # marked down when lost; back once its checks pass
+
+
+async def test_a_seeded_resume_draws_the_same_tokens_on_any_worker(fleet) -> None:
+    """What a resumed request with a seed relies on (docs/gateway.md): vLLM seeds a request's sampler
+    when it starts, so the same token-id prompt, seed and settings draw the same tokens on another
+    worker. A resumed seeded answer is thus a function of the seed and its resume point (not the
+    sample the uninterrupted request would have gone on to draw)."""
+    _, _, workers = fleet
+    body = {"model": MODEL, "prompt": list(range(100, 160)), "max_tokens": 32, "temperature": 1.0, "seed": 7,
+            "ignore_eos": True, "return_token_ids": True}
+    drawn = []
+    async with httpx.AsyncClient(timeout=120) as http:
+        for w in workers[:2]:
+            r = await http.post(w.url + "/v1/completions", json=body, headers=w.headers)
+            assert r.status_code == 200, r.text
+            drawn.append(r.json()["choices"][0]["token_ids"])
+    assert len(drawn[0]) == 32 and drawn[0] == drawn[1]
+
 async def test_a_killed_worker_mid_stream_ends_its_stream_at_once_and_traffic_moves(pair) -> None:
     gateway, workers = pair
     by_name = {w.name: w for w in workers}
@@ -195,7 +313,7 @@ async def test_a_killed_worker_mid_stream_ends_its_stream_at_once_and_traffic_mo
         held = ExitStack()  # the engine is held still until it is killed
         streams, tasks = await _mid_stream(http, "kill", 300, by_name, held)
         victim = by_name[streams[0].worker]
-        survivor = streams[1].worker
+        survivors = {w.name for w in workers} - {victim.name}
         server, dead = _engine_server(victim), {}
         os.killpg(os.getpgid(server.pid), signal.SIGKILL)
         held.close()  # nothing to resume: the engine is gone
@@ -215,11 +333,11 @@ async def test_a_killed_worker_mid_stream_ends_its_stream_at_once_and_traffic_mo
         assert message.startswith((f"worker {victim.name} failed: ", f"worker {victim.name} stopped sending")), message
 
         # Before health checks notice, round robin still puts the dead worker first for one of these.
-        for i in range(2):
+        for i in range(len(workers)):
             r = await http.post("/v1/completions", headers=ROUND_ROBIN, json={
                 "model": MODEL, "prompt": f"kill retry {i}", "max_tokens": 4, "temperature": 0})
             assert r.status_code == 200, r.text
-            assert r.headers["x-sluice-worker"] == survivor
+            assert r.headers["x-sluice-worker"] in survivors
             assert r.json()["choices"][0]["finish_reason"] == "length"
         assert _metric(gateway, "sluice_request_retries_total", {"model": MODEL}) >= retries_before + 1
 
@@ -231,5 +349,24 @@ async def test_a_killed_worker_mid_stream_ends_its_stream_at_once_and_traffic_mo
         for i in range(3):
             r = await http.post("/v1/completions", json={
                 "model": MODEL, "prompt": f"after the kill {i}", "max_tokens": 4, "temperature": 0})
-            assert r.status_code == 200 and r.headers["x-sluice-worker"] == survivor, r.text
+            assert r.status_code == 200 and r.headers["x-sluice-worker"] in survivors, r.text
         assert _metric(gateway, "sluice_request_retries_total", {"model": MODEL}) == retries  # no detour
+
+
+async def test_a_killed_worker_mid_answer_is_resumed_elsewhere_exactly(fleet) -> None:
+    _, migrating, workers = fleet
+    live = [w for w in workers if w.proc.poll() is None and _engine_server(w).is_running()]
+    for w in workers:
+        await _until_healthy(migrating, w.name, w in live)
+    assert len(live) >= 2, "the earlier kill test left fewer than two live workers"
+    before = _migrations(migrating, "broken")
+    async with AsyncOpenAI(base_url=migrating.url + "/v1", api_key="none", max_retries=0, timeout=300) as client:
+        reference = await _reference(client, "kill-resume")
+        with EngineBrake([w.proc.pid for w in live]) as brake:
+            got, task, victim = await _held_on_its_worker(client, "kill-resume", live, brake)
+            server = _engine_server(victim)
+            os.killpg(os.getpgid(server.pid), signal.SIGKILL)
+            await asyncio.wait_for(task, 300)
+    _assert_one_whole_stream(got, reference)
+    assert _migrations(migrating, "broken") == before + 1
+    assert _metric(migrating, "sluice_router_worker_healthy", {"worker": victim.name}) == 0  # marked down

@@ -5,6 +5,7 @@ from prometheus_client import CollectorRegistry
 
 from router import NoWorkerError, Router, RouterConfig, WorkerInfo
 from router.index.events import decode_trtllm_events, decode_vllm_batch
+from router.telemetry.health import BreakerState
 from router.telemetry.load import ScrapedMetrics
 from tests.router.index import eventgen as g
 
@@ -103,6 +104,34 @@ def test_failover_rolls_back_speculation_and_feeds_breaker():
     assert rk3.candidates[-1].worker == first and rk3.candidates[-1].reason == "degraded"
     clock.t += 5  # cooldown over: half-open, available for one probe
     assert r.rank("m", [50] * 3).candidate(first).reason != "degraded"
+
+
+def test_a_worker_lost_mid_answer_is_marked_down_until_a_check_passes():
+    r, _, clock = make(breaker_failures=5, breaker_cooldown_s=5, breaker_max_cooldown_s=5)
+    rk = r.rank("m", [50] * 3)
+    lost = rk.best.worker
+    r.on_dispatch("x", rk, lost)
+    r.on_first_token("x")  # it was serving: a sign of life that excuses a missed check, until it is lost
+    r.mark_down(lost)
+    r.mark_down("never-registered")  # ignored
+    status = {s.name: s for s in r.workers()}[lost]
+    assert not status.healthy and status.breaker is BreakerState.OPEN
+    assert r.rank("m", [60] * 3).candidates[-1].worker == lost
+    clock.t += 1
+    r.feed.record_health_check(lost, True)
+    assert {s.name: s for s in r.workers()}[lost].healthy
+
+
+def test_a_resumed_answer_is_no_ttft_observation():
+    r, reg, clock = make()
+    rk = r.rank("m", SYSTEM)
+    r.on_dispatch("x~1", rk, "w0", resume=True)
+    clock.t += 3.0  # the prefill of the answer so far
+    r.on_first_token("x~1")
+    assert sample(reg, "sluice_router_actual_ttft_seconds_count", {"worker": "w0"}) in (None, 0.0)
+    assert {s.name: s.in_flight for s in r.workers()}["w0"] == 1
+    r.on_finish("x~1", completion_tokens=5)
+    assert {s.name: s.in_flight for s in r.workers()}["w0"] == 0
 
 
 def test_dispatch_twice_without_finish_releases_the_first_attempt():

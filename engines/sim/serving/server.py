@@ -26,7 +26,7 @@ from engines.sim.serving.metrics import CONTENT_TYPE, SimMetrics
 from engines.sim.serving.openai_requests import ApiError, ParsedRequest, RequestParser, bad_request
 from engines.sim.serving.openai_responses import DONE, ResponseShaper, sse
 from engines.sim.serving.publisher import KVEventPublisher
-from engines.text.detokenizer import IncrementalDetokenizer
+from engines.text.detokenizer import IncrementalDetokenizer, decode_after, prompt_context
 
 T = TypeVar("T")
 
@@ -95,7 +95,8 @@ async def _generate(worker: WorkerView, request: Request, kind: str) -> Response
     if parsed.stream:
         return StreamingResponse(_stream(worker, parsed, request_id, queue, shaper), media_type="text/event-stream")
     try:
-        response = await _unless_disconnected(request, _collect(worker, request_id, queue, shaper))
+        response = await _unless_disconnected(request, _collect(worker, request_id, queue, shaper,
+                                                                        parsed.prompt_token_ids))
     finally:
         worker.driver.abort(request_id)  # a no-op once it finished
     return response if response is not None else Response(status_code=499)  # nobody is listening
@@ -103,7 +104,9 @@ async def _generate(worker: WorkerView, request: Request, kind: str) -> Response
 
 async def _stream(worker: WorkerView, parsed: ParsedRequest, request_id: str, queue: OutputQueue,
                   shaper: ResponseShaper) -> AsyncIterator[bytes]:
-    detok = IncrementalDetokenizer(worker.decode)
+    # After the prompt's last tokens, as vLLM detokenizes: an answer resumed on this worker after some of
+    # its tokens (gateway.llm.migration) reads on exactly where it left off.
+    detok = IncrementalDetokenizer(worker.decode, context=prompt_context(worker.decode, parsed.prompt_token_ids))
     try:
         if shaper.chat:
             yield sse(shaper.role_chunk())
@@ -126,7 +129,8 @@ async def _stream(worker: WorkerView, parsed: ParsedRequest, request_id: str, qu
         worker.driver.abort(request_id)
 
 
-async def _collect(worker: WorkerView, request_id: str, queue: OutputQueue, shaper: ResponseShaper) -> Response:
+async def _collect(worker: WorkerView, request_id: str, queue: OutputQueue, shaper: ResponseShaper,
+                   prompt: list[int]) -> Response:
     ids: list[int] = []
     while True:
         out = await queue.get()
@@ -136,7 +140,7 @@ async def _collect(worker: WorkerView, request_id: str, queue: OutputQueue, shap
         ids += out.new_token_ids
         if out.finish_reason is not None:
             break
-    text = worker.decode(ids)
+    text = decode_after(worker.decode, prompt_context(worker.decode, prompt), ids)
     return JSONResponse(shaper.response(text, ids, out.finish_reason, out.prompt_tokens, out.cached_tokens))
 
 

@@ -82,8 +82,10 @@ class RoutedBackend:
             if engine is None:
                 continue
             targets.append(Target(cand.worker, engine, cand.predicted_cached_tokens, cand.reason, cand.predicted_ttft_s,
-                                  on_dispatch=partial(router.on_dispatch, rid, ranking, cand.worker),
-                                  on_first_token=on_first_token, on_finish=on_finish))
+                                  on_dispatch=partial(router.on_dispatch, rid, ranking, cand.worker,
+                                                      resume=hints.resume),
+                                  on_first_token=on_first_token, on_finish=on_finish,
+                                  on_lost=partial(router.mark_down, cand.worker)))
         if not targets:
             raise SluiceError(f"no healthy worker serves model `{self.model}`", ErrorKind.NO_WORKER,
                               retry_after_s=1.0)

@@ -63,9 +63,11 @@ def _spliced(reads: list[list[bytes]], chat: bool) -> tuple[list[list[Delta]], S
 
 
 def _seen(d: Delta) -> tuple[Any, ...]:
-    """What a client and the accounting see of a Delta: the text as the bytes orjson writes, and counts."""
+    """What a client, the accounting and a resume see of a Delta: the text as the bytes orjson writes, the
+    token ids (a lost stream resumes from them) and the prompt's as the worker said, and counts."""
     text = d.text_json if d.text_json is not None else json_body(d.text) if (d.text or d.token_ids) else None
-    return (text, d.completion_tokens, d.finish_reason, d.prompt_tokens, d.cached_tokens, d.chat_extra, d.error)
+    return (text, tuple(d.token_ids), d.prompt_token_ids, d.completion_tokens, d.finish_reason, d.prompt_tokens,
+            d.cached_tokens, d.chat_extra, d.error)
 
 
 @pytest.mark.parametrize("kind", ["completion", "chat"])
@@ -81,6 +83,11 @@ def test_spliced_reads_mean_what_decoded_reads_mean(kind: str, ids: bool, separa
         full = _full(reads, kind == "chat")
         spliced, batch = _spliced(reads, kind == "chat")
         assert [[_seen(d) for d in r] for r in spliced] == [[_seen(d) for d in r] for r in full]
+        sent = [d for r in spliced for d in r]
+        if ids:  # every id the worker sent, in order, and the prompt's once, on the first delta
+            assert [t for d in sent for t in d.token_ids] == [t for i in range(60) for t in
+                                                              ([100 + i] if i % 9 else [100 + i, 5, 0])] + [7]
+            assert sent[0].prompt_token_ids == [1, 2, 3] and all(d.prompt_token_ids is None for d in sent[1:])
         assert batch.spliced > len(payloads) // 2  # the fast path was taken for most events
         assert batch.decoded + batch.spliced == len(payloads) - 1  # the late one is not read at all
 
@@ -128,7 +135,7 @@ def test_hostile_events_in_the_layout_are_not_spliced(text: bytes, ids: bytes, c
         got = ValueError
     assert batch.spliced == 2  # decoded in full: what the full path does with it, it does
     if expected is not ValueError:  # a valid event the splice declined: the same Deltas; the count resumes
-        expected = [(t, c + 3, *rest) for t, c, *rest in expected]
+        expected = [(t, ids, p, c + 3, *rest) for t, ids, p, c, *rest in expected]
     assert got == expected
 
 

@@ -106,3 +106,40 @@ def test_work_per_token_is_bounded_on_a_long_output_with_many_stop_strings() -> 
     assert counter.calls <= 2 * tokens
     assert counter.ids <= 4 * tokens, f"{counter.ids} ids decoded for {tokens} tokens"
     assert counter.chars <= 4 * len(full), f"{counter.chars} characters decoded for {len(full)}"
+
+
+# A SentencePiece-like decode: the first token of a sequence loses its leading space.
+_WORDS = {1: " Tell", 2: " me", 3: " a", 4: " story", 10: " Once", 11: " upon", 12: " a", 13: " time"}
+
+
+def _sp_decode(ids: Sequence[int]) -> str:
+    return "".join(_WORDS[i] for i in ids).removeprefix(" ")
+
+
+def test_an_answer_decoded_after_its_prompt_keeps_its_first_space_and_reads_on_when_resumed() -> None:
+    from engines.text.detokenizer import decode_after, prompt_context
+
+    prompt, answer = [1, 2, 3, 4], [10, 11, 12, 13]
+    assert IncrementalDetokenizer(_sp_decode).step(answer[:1]).text == "Once"  # alone, the space is lost
+    context = prompt_context(_sp_decode, prompt)
+    whole = IncrementalDetokenizer(_sp_decode, context=context)
+    texts = [whole.step([t]).text for t in answer]
+    assert "".join(texts) == " Once upon a time"
+    # Resumed after two tokens (gateway.llm.migration): the prompt is now the prompt and those tokens.
+    resumed = IncrementalDetokenizer(_sp_decode, context=prompt_context(_sp_decode, prompt + answer[:2]))
+    assert "".join(texts[:2]) + "".join(resumed.step([t]).text for t in answer[2:]) == " Once upon a time"
+    assert decode_after(_sp_decode, context, answer) == " Once upon a time"
+    assert decode_after(_sp_decode, [], answer) == "Once upon a time"
+
+
+def test_the_context_is_the_shortest_suffix_without_an_incomplete_character() -> None:
+    from engines.text.detokenizer import prompt_context
+
+    def decode(ids: Sequence[int]) -> str:  # 0 then 1 are the two halves of a character
+        return "".join("\ufffd" if i == 1 and (k == 0 or ids[k - 1] != 0) else "é" if i == 0 else "" if i == 1
+                       else "x" for k, i in enumerate(ids))
+
+    assert prompt_context(decode, [5, 6, 7, 8, 9]) == [6, 7, 8, 9]
+    assert prompt_context(decode, [5, 0, 1, 7, 8, 9]) == [0, 1, 7, 8, 9]  # not from half a character
+    assert prompt_context(decode, [1, 7, 8, 9]) == [1, 7, 8, 9]  # none without one: the last 4
+    assert prompt_context(decode, [8, 9]) == [8, 9]

@@ -35,14 +35,17 @@ class ScriptedRouter:
         assert self.ranking is not None
         return self.ranking
 
-    def on_dispatch(self, request_id: str, ranking: Ranking, worker: str) -> None:
-        self.calls.append(("on_dispatch", request_id, ranking, worker))
+    def on_dispatch(self, request_id: str, ranking: Ranking, worker: str, *, resume: bool = False) -> None:
+        self.calls.append(("on_dispatch", request_id, ranking, worker, *(("resume",) if resume else ())))
 
     def on_first_token(self, request_id: str) -> None:
         self.calls.append(("on_first_token", request_id))
 
     def on_finish(self, request_id: str, **kw: Any) -> None:
         self.calls.append(("on_finish", request_id, kw))
+
+    def mark_down(self, worker: str) -> None:
+        self.calls.append(("mark_down", worker))
 
 
 def _pool(router: Any, *engines: str) -> WorkerPool:
@@ -101,6 +104,17 @@ def test_target_hooks_report_to_the_router_for_their_worker() -> None:
         ("on_dispatch", "r-0", ranking, "w2"), ("on_first_token", "r-0"),
         ("on_finish", "r-0", {"cached_tokens": 4, "error": False, "completion_tokens": 9}),
     ]
+
+
+def test_a_resume_is_dispatched_as_one_and_a_lost_worker_is_marked_down() -> None:
+    ranking = Ranking("m", "prefix", len(PROMPT), (Candidate("w1", 0, 0.1, "no_prefix"),))
+    router = ScriptedRouter(ranking)
+    [target] = RoutedBackend("m", _pool(router, "w1")).rank(request("r-0~1", prompt=PROMPT), RouteHints(resume=True))
+    router.calls.clear()
+    assert target.on_dispatch is not None and target.on_lost is not None
+    target.on_dispatch()
+    target.on_lost()
+    assert router.calls == [("on_dispatch", "r-0~1", ranking, "w1", "resume"), ("mark_down", "w1")]
 
 
 @pytest.mark.parametrize(("error", "kind", "param"), [
