@@ -22,7 +22,7 @@ import orjson
 
 from engines.base import Delta, EngineError, EngineRequest, EngineStats
 from engines.errors import ErrorKind
-from engines.remote.errors import normalize_error
+from engines.remote.errors import refusal
 from engines.remote.http1 import Exchange, Pool, ProtocolError, header_lines
 from engines.remote.payload import DIALECTS, Dialect, build_body
 from engines.remote.splice import RelayCounts, SplicedBatch
@@ -201,7 +201,7 @@ class RemoteEngine:
             exchange = await self._pool.exchange(head, payload, self.config.read_timeout_s)
             if exchange.status != 200:
                 try:
-                    raise _refusal(self.name, exchange.status, await exchange.read_all(_ERROR_BODY_BYTES))
+                    raise refusal(self.name, exchange.status, await exchange.read_all(_ERROR_BODY_BYTES))
                 finally:
                     exchange.close()
         except (OSError, ProtocolError, TimeoutError) as exc:
@@ -242,6 +242,9 @@ class RemoteEngine:
                 if rid in self._aborted:
                     yield _abort_delta(assembler)
                     return
+                if assembler.pending_finish is not None and not assembler.done:
+                    yield assembler.finish()  # the answer had ended: only its usage (and [DONE]) was lost
+                    return
                 error = self._failure(failure, rid)
                 if not sent_any:
                     raise error from None
@@ -281,16 +284,6 @@ class RemoteEngine:
         log.warning("worker %s request %s failed: %r", self.name, request_id, exc)
         kind = ErrorKind.UNAVAILABLE if isinstance(exc, OSError) else ErrorKind.INTERNAL
         return EngineError(f"worker {self.name} failed: {type(exc).__name__}: {exc}", kind, retryable=True)
-
-
-def _refusal(name: str, status: int, body: bytes) -> EngineError:
-    """A worker's non-200 answer. A 401 or 403 refuses the gateway's worker key (clients' keys stop
-    at the gateway), so it is named as that, a 503 another worker may not give, never the client's 401."""
-    if status in (401, 403):
-        return EngineError(f"worker {name} refused the gateway's worker key (HTTP {status}): give the gateway "
-                           "the workers' key (--worker-key-file, SLUICE_WORKER_KEY)", ErrorKind.UNAVAILABLE,
-                           code="worker_key_refused", retryable=True)
-    return normalize_error(status, body)
 
 
 def _abort_delta(assembler: StreamAssembler) -> Delta:

@@ -92,3 +92,13 @@ def stream_error(chunk: dict[str, Any]) -> EngineError | None:
     if fields is None or "choices" in chunk:
         return None
     return normalize_error(200, json.dumps({"error": fields}))
+
+
+def refusal(name: str, status: int, body: bytes) -> EngineError:
+    """A worker's non-200 answer. A 401 or 403 refuses the gateway's worker key (clients' keys stop
+    at the gateway), so it is named as that, a 503 another worker may not give, never the client's 401."""
+    if status in (401, 403):
+        return EngineError(f"worker {name} refused the gateway's worker key (HTTP {status}): give the gateway "
+                           "the workers' key (--worker-key-file, SLUICE_WORKER_KEY)", ErrorKind.UNAVAILABLE,
+                           code="worker_key_refused", retryable=True)
+    return normalize_error(status, body)

@@ -177,7 +177,7 @@ class Dispatch:
                                 lost = delta
                                 break
                             if delta.fault is not None:
-                                account_finished(self.metrics, self.model.name, choice.request, delta)
+                                account_finished(self.metrics, self.model.name, choice.origin or choice.request, delta)
                             started = True
                             if migrator is not None:
                                 choice.sent.add(delta, time.monotonic())
@@ -194,7 +194,10 @@ class Dispatch:
                         raise
                     lost = e
                 assert migrator is not None and lost is not None
-                out, then = migrator.resume(self.metrics, self.model.name, choice, lost)
+                if self._interrupted is not None:  # a drain's deadline came meanwhile: no new attempt
+                    raise self._interrupted
+                out, then = migrator.resume(self.metrics, self.model.name, choice, lost,
+                                            seen_lost=started or isinstance(lost, Delta))
                 if then == "attempt":
                     self.open_attempt(choice)
                 for delta in out:
@@ -237,7 +240,7 @@ class Dispatch:
                         if delta.finish_reason in ("stop", "length", "tool_calls"):
                             answered = choice.completion_tokens
                         if delta.fault is None:  # a lost worker's: accounted if it reaches the client
-                            account_finished(self.metrics, self.model.name, choice.request, delta)
+                            account_finished(self.metrics, self.model.name, choice.origin or choice.request, delta)
                     yield delta
         except SluiceError as e:
             fault = e.worker_fault

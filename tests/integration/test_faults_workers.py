@@ -26,9 +26,10 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Coroutine, Iterator
 from contextlib import ExitStack
 from dataclasses import dataclass, field
+from typing import Any
 
 import httpx
 import psutil
@@ -236,14 +237,15 @@ async def _sdk_chat(client: AsyncOpenAI, tag: str, out: SdkStream) -> None:
                 out.finish_reason = choice.finish_reason
 
 
-async def _held_on_its_worker(client: AsyncOpenAI, tag: str, live: list[Worker], brake: EngineBrake
-                              ) -> tuple[SdkStream, asyncio.Task[None], Worker]:
-    """The chat under way and its worker's engine held still mid-answer (set up again, at most five
+async def _held_on_its_worker(start: Callable[[], tuple[Any, Coroutine[Any, Any, None]]], live: list[Worker],
+                              brake: EngineBrake) -> tuple[Any, asyncio.Task[None], Worker]:
+    """A stream under way (`start()` gives its record, with `worker`, `started` and `text`, and the
+    coroutine that reads it) and its worker's engine held still mid-answer (set up again, at most five
     times, if the answer ended before the hold); the other workers' engines run freely."""
     by_name = {w.name: w for w in live}
     for _ in range(5):
-        out = SdkStream()
-        task = asyncio.create_task(_sdk_chat(client, tag, out))
+        out, reading = start()
+        task = asyncio.create_task(reading)
         await asyncio.wait_for(out.started.wait(), 120)
         victim = by_name[out.worker]
         if await held_mid_stream(task, lambda o=out: len(o.text), brake, [victim.proc.pid]):
@@ -251,6 +253,54 @@ async def _held_on_its_worker(client: AsyncOpenAI, tag: str, live: list[Worker],
             return out, task, victim
         await asyncio.gather(task, return_exceptions=True)
     raise AssertionError("the answer kept finishing before its engine was held")
+
+
+def _chat_of(client: AsyncOpenAI, tag: str) -> Callable[[], tuple[SdkStream, Coroutine[Any, Any, None]]]:
+    def start() -> tuple[SdkStream, Coroutine[Any, Any, None]]:
+        out = SdkStream()
+        return out, _sdk_chat(client, tag, out)
+    return start
+
+
+@dataclass
+class CompletionStream:
+    """A streamed completion of n choices: per choice its text and logprob tokens; usage; error events."""
+
+    worker: str = ""
+    text: list[str] = field(default_factory=list)  # every text piece, any choice (progress)
+    choices: dict[int, list[str]] = field(default_factory=dict)
+    tokens: dict[int, list[str]] = field(default_factory=dict)
+    finish: dict[int, str] = field(default_factory=dict)
+    completion_tokens: int | None = None
+    errors: list[Any] = field(default_factory=list)
+    ids: set[str] = field(default_factory=set)
+    started: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+async def _completion(http: httpx.AsyncClient, body: dict[str, Any], out: CompletionStream) -> None:
+    async with http.stream("POST", "/v1/completions", json=body) as r:
+        assert r.status_code == 200, await r.aread()
+        out.worker = r.headers["x-sluice-worker"]
+        async for line in r.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            event = json.loads(line[6:])
+            if "error" in event:
+                out.errors.append(event["error"])
+                continue
+            out.ids.add(event["id"])
+            if event.get("usage"):
+                out.completion_tokens = event["usage"]["completion_tokens"]
+            for c in event.get("choices") or []:
+                i = c["index"]
+                if c.get("text"):
+                    out.choices.setdefault(i, []).append(c["text"])
+                    out.text.append(c["text"])
+                    if len(out.choices) == body["n"]:  # every choice under way: each is mid-answer when held
+                        out.started.set()
+                out.tokens.setdefault(i, []).extend((c.get("logprobs") or {}).get("tokens") or ())
+                if c.get("finish_reason"):
+                    out.finish[i] = c["finish_reason"]
 
 
 async def _reference(client: AsyncOpenAI, tag: str) -> SdkStream:
@@ -278,7 +328,7 @@ async def test_a_stopped_worker_mid_answer_is_resumed_elsewhere_exactly(fleet) -
     async with AsyncOpenAI(base_url=migrating.url + "/v1", api_key="none", max_retries=0, timeout=300) as client:
         reference = await _reference(client, "stall-resume")
         with EngineBrake([w.proc.pid for w in workers]) as brake:
-            got, task, victim = await _held_on_its_worker(client, "stall-resume", workers, brake)
+            got, task, victim = await _held_on_its_worker(_chat_of(client, "stall-resume"), workers, brake)
             # Its API server too: the connection stays open and sends nothing, past the stall bound.
             with engines_stopped([victim.proc.pid], api_server=True):
                 await asyncio.wait_for(task, 300)
@@ -286,6 +336,35 @@ async def test_a_stopped_worker_mid_answer_is_resumed_elsewhere_exactly(fleet) -
     assert _migrations(migrating, "stalled") == before + 1
     await _until_healthy(migrating, victim.name, True)  # marked down when lost; back once its checks pass
 
+
+async def test_a_completion_with_echo_logprobs_and_two_choices_resumes_each_choice_exactly(fleet) -> None:
+    _, migrating, workers = fleet
+    for w in workers:
+        await _until_healthy(migrating, w.name, True)
+    body = {"model": MODEL, "prompt": "echo-resume: once upon a time", "max_tokens": ANSWER_TOKENS // 2,
+            "temperature": 0, "ignore_eos": True, "echo": True, "logprobs": 1, "n": 2, "stream": True,
+            "stream_options": {"include_usage": True}}
+    before = _migrations(migrating, "stalled")
+    async with httpx.AsyncClient(base_url=migrating.url, timeout=300) as http:
+        reference = CompletionStream()
+        await asyncio.wait_for(_completion(http, body, reference), 300)
+
+        def start() -> tuple[CompletionStream, Coroutine[Any, Any, None]]:
+            out = CompletionStream()
+            return out, _completion(http, body, out)
+
+        with EngineBrake([w.proc.pid for w in workers]) as brake:
+            got, task, victim = await _held_on_its_worker(start, workers, brake)
+            with engines_stopped([victim.proc.pid], api_server=True):
+                await asyncio.wait_for(task, 300)
+    assert not got.errors and len(got.ids) == 1
+    for i in (0, 1):  # each choice: the echoed prompt, then the answer, and one logprob token per answer token
+        assert "".join(got.choices[i]) == "".join(reference.choices[i])
+        assert got.tokens[i] == reference.tokens[i] and len(got.tokens[i]) == ANSWER_TOKENS // 2
+        assert got.finish[i] == "length"
+    assert got.completion_tokens == reference.completion_tokens == ANSWER_TOKENS  # two choices, counted once
+    assert _migrations(migrating, "stalled") >= before + 1  # one or both choices were on the stopped worker
+    await _until_healthy(migrating, victim.name, True)
 
 async def test_a_seeded_resume_draws_the_same_tokens_on_any_worker(fleet) -> None:
     """What a resumed request with a seed relies on (docs/gateway.md): vLLM seeds a request's sampler
@@ -363,7 +442,7 @@ async def test_a_killed_worker_mid_answer_is_resumed_elsewhere_exactly(fleet) ->
     async with AsyncOpenAI(base_url=migrating.url + "/v1", api_key="none", max_retries=0, timeout=300) as client:
         reference = await _reference(client, "kill-resume")
         with EngineBrake([w.proc.pid for w in live]) as brake:
-            got, task, victim = await _held_on_its_worker(client, "kill-resume", live, brake)
+            got, task, victim = await _held_on_its_worker(_chat_of(client, "kill-resume"), live, brake)
             server = _engine_server(victim)
             os.killpg(os.getpgid(server.pid), signal.SIGKILL)
             await asyncio.wait_for(task, 300)

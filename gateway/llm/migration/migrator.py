@@ -52,11 +52,12 @@ class Migrator:
     rank: Callable[[EngineRequest], list[Target]]
     tokenizer: Detokenizer
 
-    def resume(self, metrics: LLMMetrics, model: str, choice: Choice, lost: Delta | SluiceError
-               ) -> tuple[list[Delta], Then]:
+    def resume(self, metrics: LLMMetrics, model: str, choice: Choice, lost: Delta | SluiceError, *,
+               seen_lost: bool = True) -> tuple[list[Delta], Then]:
         """After `choice`'s worker was lost mid-answer: the deltas the client gets now, and whether the
         caller opens the resume's attempt on `choice.targets[choice.current]` ("attempt"), the answer is
-        whole ("end"), or it ends with `lost` ("fail")."""
+        whole ("end"), or it ends with `lost` ("fail"). `seen_lost`: the worker's stream broke or stalled
+        (it is marked down); False for a resume it refused before its first byte (busy, not lost)."""
         cause = lost.fault if isinstance(lost, Delta) and lost.fault is not None else "broken"
         lost_target = choice.targets[choice.current]
         origin = choice.origin or choice.request
@@ -65,8 +66,9 @@ class Migrator:
             return self._give_up(metrics, model, choice, lost, cause, plan)
         point, prompt = plan
         choice.lost.add(lost_target.name)
-        if lost_target.on_lost is not None:
+        if seen_lost and lost_target.on_lost is not None:
             lost_target.on_lost()  # marked down before the resume is ranked
+        del choice.sent.ids[len(point.committed):]  # tokens generated again are sent again
         out = [Delta(text=point.owed, completion_tokens=len(point.committed))] if point.owed else []
         choice.sent.pieces.append(point.owed)
         choice.completion_tokens = len(point.committed)
@@ -103,6 +105,8 @@ class Migrator:
         point = resume_point(self.tokenizer, prompt, sent, bool(origin.sampling.stop))
         if isinstance(point, str):
             return point
+        if len(point.committed) < len(sent.ids) and origin.sampling.logprobs is not None:
+            return "logprobs_sent"  # the client has the logprobs of the tokens that would be generated again
         if len(point.committed) > self.config.max_replay_tokens:
             return "replay_bound"
         return point, prompt
@@ -113,7 +117,7 @@ class Migrator:
         self._count(metrics, model, cause, reason, choice.targets[choice.current].name, origin, len(choice.sent.ids))
         if isinstance(lost, SluiceError):
             return [], "fail"
-        account_finished(metrics, model, choice.request, lost)
+        account_finished(metrics, model, origin, lost)
         return [lost], "fail"
 
     def _count(self, metrics: LLMMetrics, model: str, cause: str, outcome: str, worker: str, origin: EngineRequest,

@@ -16,6 +16,9 @@ from engines.text.detokenizer import prompt_context
 
 # Tokens dropped from the end at most while their text is an incomplete character (UTF-8: 3 bytes).
 _MAX_HELD_BACK = 4
+# With stop strings, tokens dropped from the end at most to find the boundary where the ids' text is
+# exactly the client's (the engine holds back text that could start a stop string).
+_MAX_STOP_BACK = 16
 # Chat body fields that make the engine hold parser or grammar state across a stream.
 _STATEFUL_CHAT_FIELDS = ("response_format", "structured_outputs", "guided_json", "guided_regex",
                          "guided_choice", "guided_grammar")
@@ -115,8 +118,18 @@ def resume_point(tokenizer: Detokenizer, prompt: list[int], sent: Sent, has_stop
         return "text_mismatch"
     owed = decoded[len(text):]
     if owed and has_stops:
+        # Text held back behind whole tokens may be the start of a stop string the next worker must see:
+        # go back to the last token whose text the client has whole, and let those tokens be generated again.
+        for back in range(keep - 1, max(-1, keep - 1 - _MAX_STOP_BACK), -1):
+            if full_text(tokenizer, context, base, sent.ids[:back]) == text:
+                return ResumePoint(sent.ids[:back], "")
         return "stop_pending"
     return ResumePoint(sent.ids[:keep], owed)
+
+
+def full_text(tokenizer: Detokenizer, context: list[int], base: str, ids: list[int]) -> str | None:
+    full = tokenizer.decode(context + ids)
+    return full[len(base):] if full.startswith(base) else None
 
 
 def resume_request(origin: EngineRequest, prompt: list[int], committed: list[int], step: int) -> EngineRequest:

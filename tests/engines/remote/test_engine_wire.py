@@ -131,3 +131,40 @@ async def test_an_https_worker_is_streamed_over_tls(self_signed: tuple[Path, Pat
         finally:
             await engine.stop()
     assert heads[0]["traceparent"] == TRACE["traceparent"]
+
+
+async def _cut_worker(events: list[dict]) -> AsyncIterator[int]:
+    """A worker that sends `events` and closes the connection mid-body (a worker killed there)."""
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        raw = await reader.readuntil(b"\r\n\r\n")
+        head = {k.lower(): v.strip() for k, _, v in (ln.partition(":") for ln in raw.decode().split("\r\n")[1:-2])}
+        await reader.readexactly(int(head["content-length"]))
+        body = b"".join(b"data: " + json.dumps(e).encode() + b"\n\n" for e in events)
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+                     + b"%x\r\n%s\r\n" % (len(body), body))
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    try:
+        yield server.sockets[0].getsockname()[1]
+    finally:
+        server.close()
+
+
+@pytest.mark.parametrize(("events", "last"), [
+    (_EVENTS[:1], ("error", "broken")),  # mid-answer: a lost worker, its stream may be resumed
+    (_EVENTS[:2], ("length", None)),  # the answer had ended; only its usage and [DONE] were lost
+])
+async def test_a_stream_cut_mid_body_is_a_lost_worker_only_if_its_answer_had_not_ended(
+        events: list[dict], last: tuple[str, str | None]) -> None:
+    async for port in _cut_worker(events):
+        engine = RemoteEngine(RemoteEngineConfig(base_url=f"http://127.0.0.1:{port}", name="w"))
+        await engine.start()
+        try:
+            deltas = [d async for d in engine.generate(_request("cut"))]
+        finally:
+            await engine.stop()
+        assert (deltas[-1].finish_reason, deltas[-1].fault) == last
+        assert [t for d in deltas for t in d.token_ids] == [t for e in events for c in e["choices"]
+                                                            for t in c["token_ids"]]

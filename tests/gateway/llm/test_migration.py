@@ -7,7 +7,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+import pytest
+
 from engines.base import Delta, EngineRequest, SamplingParams
+from engines.errors import ErrorKind, SluiceError
 from gateway.llm.dispatch import Dispatch
 from gateway.llm.migration import MigrationConfig, Migrator, Sent
 from gateway.llm.migration.resume import resume_point
@@ -225,6 +228,10 @@ def test_text_held_back_behind_whole_tokens_is_owed_unless_a_stop_string_may_be_
     sent.pieces = [" Once"]  # " upon" was held back (a stop string might have started)
     point = resume_point(Detok(), [1, 2, 3], sent, has_stops=False)
     assert not isinstance(point, str) and point.committed == [10, 11] and point.owed == " upon"
+    # With stop strings the held-back tokens are generated again instead: the next worker sees them.
+    point = resume_point(Detok(), [1, 2, 3], sent, has_stops=True)
+    assert not isinstance(point, str) and point.committed == [10] and point.owed == ""
+    sent.pieces = [" Onc"]  # held back inside a token: no boundary where the texts agree
     assert resume_point(Detok(), [1, 2, 3], sent, has_stops=True) == "stop_pending"
 
 
@@ -242,3 +249,72 @@ def test_a_config_out_of_bounds_is_refused() -> None:
             continue
         raise AssertionError(f"{bad} was accepted")
 
+
+
+async def test_logprobs_already_sent_for_tokens_to_generate_again_refuse_the_move() -> None:
+    hooks = Hooks()
+    w1 = FakeEngine("w1", said(10, 99, fault=True))  # the fault splits "é": 99 would be generated again
+    w1.script[1].text = ""  # its text held back, as an engine does
+    w2 = FakeEngine("w2", finish(100))
+    d = migrating(hooks, w1, w2)
+    d.choices[0].request.sampling = SamplingParams(max_tokens=8, temperature=0.0, logprobs=1)
+    _, deltas = await drain(d)
+    assert deltas[-1].finish_reason == "error" and w2.requests == []
+    assert d.metrics.migrations.labels("m", "broken", "logprobs_sent")._value.get() == 1
+
+
+async def test_without_logprobs_a_split_character_is_generated_again() -> None:
+    hooks = Hooks()
+    w1 = FakeEngine("w1", said(10, 99, fault=True))
+    w1.script[1].text = ""
+    w2 = FakeEngine("w2", finish(99, 100))
+    _, deltas = await drain(migrating(hooks, w1, w2, max_tokens=3))
+    assert w2.seen[0].prompt_token_ids == [1, 2, 3, 10] and w2.seen[0].sampling.max_tokens == 2
+    assert deltas[-1].completion_tokens == 3 and deltas[-1].finish_reason == "length"
+
+
+async def test_a_second_move_replays_each_token_once() -> None:
+    hooks = Hooks()
+    w1 = FakeEngine("w1", said(10, 99, fault=True))  # lost inside "é": 99 is generated again by w2
+    w1.script[1].text = ""
+    w2 = FakeEngine("w2", [*said(99, 100, 11), said(0, fault=True)[-1]])
+    w2.script[0].text = ""
+    w2.script[1].text = "é"
+    w3 = FakeEngine("w3", finish(12))
+    text, deltas = await drain(migrating(hooks, w1, w2, w3, max_tokens=5))
+    assert text == " Onceé upon a" and w3.seen[0].prompt_token_ids == [1, 2, 3, 10, 99, 100, 11]
+    assert deltas[-1].completion_tokens == 5
+
+
+async def test_an_interrupt_that_comes_with_the_fault_opens_no_resume() -> None:
+    hooks = Hooks()
+    w1 = FakeEngine("w1", said(10, fault=True))
+    w2 = FakeEngine("w2", finish(11))
+    d = migrating(hooks, w1, w2)
+    stop = SluiceError("shutting down", ErrorKind.UNAVAILABLE)
+    seen = []
+    with pytest.raises(SluiceError, match="shutting down"):
+        async for _, delta in d.deltas():
+            seen.append(delta.text)
+            await d.interrupt(stop)
+    assert seen == [" Once"] and w2.requests == []
+
+
+async def test_a_resume_refused_before_its_first_byte_does_not_mark_that_worker_down() -> None:
+    hooks = Hooks()
+    downs: list[str] = []
+    w1 = FakeEngine("w1", said(10, fault=True))
+    busy = FakeEngine("busy", [SluiceError("overloaded", ErrorKind.UNAVAILABLE, retryable=True)])
+    w3 = FakeEngine("w3", finish(11))
+    d = migrating(hooks, w1)
+    original = d.migrator
+    assert original is not None
+    d.choices[0].targets = [Target("w1", w1, on_lost=lambda: downs.append("w1"))]
+
+    def rank(request: EngineRequest) -> list[Target]:  # one target a time: the refusal is the attempt's last
+        return [Target(e.name, e, on_lost=lambda n=e.name: downs.append(n)) for e in (busy, w3)
+                if e.name not in d.choices[0].lost and not (e is w3 and not busy.requests)][:1]
+
+    d.migrator = Migrator(original.config, rank, original.tokenizer)
+    text, _ = await drain(d)
+    assert text == " Once upon" and downs == ["w1"] and busy.requests == ["r-0~1"] and w3.requests == ["r-0~2"]
