@@ -8,11 +8,11 @@ can go on elsewhere:
   and the prompt as the worker ran it (a chat worker renders its own and says so).
 - `resume_point` finds how many of those ids the client holds as text. Tokens whose text a worker
   held back (the tail of a character split across tokens) are left out, and generated again; text
-  a worker held back behind whole tokens (a possible stop string) is owed to the client and sent
-  first, unless the request has stop strings, when it is refused (the next worker could not see one
-  that straddles the resume point). The text of the ids is decoded with the model's tokenizer after
-  the prompt's last tokens, as the engine detokenizes (`engines.text.detokenizer.prompt_context`);
-  it is never re-tokenized.
+  a worker held back behind whole tokens is owed to the client and sent first; with stop strings
+  those tokens are generated again instead, so the next worker sees a stop string that straddles
+  the resume point (refused when the held text ends inside a token). The text of the ids is
+  decoded with the model's tokenizer after the prompt's last tokens, as the engine detokenizes
+  (`engines.text.detokenizer.prompt_context`); it is never re-tokenized.
 - `resume_request` is the same request as a token-id completion: the prompt's ids followed by the
   committed ids, `max_tokens` (and `min_tokens`) less what was committed, the same sampling and seed.
 - `refusal` names why a request must not be resumed at all: a chat whose engine parsers hold state
