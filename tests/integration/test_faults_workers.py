@@ -202,7 +202,7 @@ async def test_a_stopped_worker_mid_stream_is_given_up_after_the_stall_bound(pai
 
 
 # -- with migration: the stream goes on ------------------------------------------------------------
-ANSWER_TOKENS = 600  # long enough to be held still mid-answer while braked
+ANSWER_TOKENS = 300  # long enough to be held still mid-answer while braked
 
 
 @dataclass
