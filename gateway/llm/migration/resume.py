@@ -105,10 +105,9 @@ def resume_point(tokenizer: Detokenizer, prompt: list[int], sent: Sent, has_stop
     text = sent.text()
     keep = len(sent.ids)
     for _ in range(_MAX_HELD_BACK + 1):
-        full = tokenizer.decode(context + sent.ids[:keep])
-        if not full.startswith(base):
+        decoded = _text_after(tokenizer, context, base, sent.ids[:keep])
+        if decoded is None:
             return "text_mismatch"
-        decoded = full[len(base):]
         if not decoded.endswith("\ufffd") or keep == 0:
             break
         keep -= 1  # an incomplete character: its tokens are generated again
@@ -121,13 +120,14 @@ def resume_point(tokenizer: Detokenizer, prompt: list[int], sent: Sent, has_stop
         # Text held back behind whole tokens may be the start of a stop string the next worker must see:
         # go back to the last token whose text the client has whole, and let those tokens be generated again.
         for back in range(keep - 1, max(-1, keep - 1 - _MAX_STOP_BACK), -1):
-            if full_text(tokenizer, context, base, sent.ids[:back]) == text:
+            if _text_after(tokenizer, context, base, sent.ids[:back]) == text:
                 return ResumePoint(sent.ids[:back], "")
         return "stop_pending"
     return ResumePoint(sent.ids[:keep], owed)
 
 
-def full_text(tokenizer: Detokenizer, context: list[int], base: str, ids: list[int]) -> str | None:
+def _text_after(tokenizer: Detokenizer, context: list[int], base: str, ids: list[int]) -> str | None:
+    """The text of `ids` after `context` (whose own text is `base`), or None if the decodes disagree."""
     full = tokenizer.decode(context + ids)
     return full[len(base):] if full.startswith(base) else None
 
