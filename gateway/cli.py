@@ -101,6 +101,9 @@ def _connection_flags(p: argparse.ArgumentParser) -> None:
                    help="connections not yet sent a request, in all (at most half the fd limit); beyond it the "
                         "oldest of the address holding the most is closed [16384]")
     p.add_argument("--body-timeout-s", type=float, help="time a client may take to send its body [30]")
+    p.add_argument("--keep-alive-timeout-s", type=float,
+                   help="an idle kept-alive connection is closed after this; keep it above clients' own idle "
+                        "expiry (httpx and the OpenAI SDKs: 5 s) [75]")
 
 
 def _fleet_flags(p: argparse.ArgumentParser) -> None:

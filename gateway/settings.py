@@ -70,6 +70,9 @@ class Settings(BaseSettings):
     max_idle_connections: int = Field(default=4096, ge=1)
     max_fresh_connections: int = Field(default=16384, ge=1)
     body_timeout_s: float = Field(default=30.0, gt=0.0)  # ... and its body
+    # An idle kept-alive connection's life: longer than clients keep theirs (httpx and the OpenAI SDKs:
+    # 5 s), so that a client never sends a request on a connection the server is closing.
+    keep_alive_timeout_s: float = Field(default=75.0, gt=0.0, le=3600.0)
     sse_ping_s: float = Field(default=5.0, gt=0.0)
     # Streamed OpenAI responses relay a remote worker's plain events without decoding each in full
     # (engines.remote.splice). SLUICE_RELAY_SPLICE=false decodes every event (to compare the two).

@@ -47,6 +47,7 @@ class ConnectionLimits:
     max_buffer_bytes: int = 1024 * 1024  # bytes queued for a client that stopped reading: cut
     body_timeout_s: float = 30.0  # the rest of a body answered before it was read (401, 429): dropped within it
     max_fresh_total: int = 16384  # connections that have not sent a request yet (`FreshConnections`)
+    keep_alive_timeout_s: float = 75.0  # a kept-alive connection idle this long is closed
 
     @property
     def stream_send_buffer(self) -> int:
@@ -217,8 +218,9 @@ class ConnectionMetrics:
 
     def __init__(self, registry: CollectorRegistry | None, idle: IdleConnections, fresh: FreshConnections) -> None:
         self.closed = Counter("sluice_http_connections_closed", "HTTP connections the server closed before a "
-                              "request ran, by reason (header_timeout, body_timeout, header_bytes, header_count, "
-                              "idle_per_client, idle_total, fresh_total, fd_budget).", ["reason"], registry=registry)
+                              "request ran, by reason (header_timeout, keep_alive, body_timeout, header_bytes, "
+                              "header_count, idle_per_client, idle_total, fresh_total, fd_budget).", ["reason"],
+                              registry=registry)
         self.slow_reader = slow_reader_counter(registry)
         gauge = Gauge("sluice_http_idle_connections", "HTTP connections open with no request in progress "
                       "(kept alive, or fresh: not yet sent a request).", registry=registry)

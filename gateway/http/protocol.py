@@ -2,7 +2,10 @@
 
 - **Header time.** uvicorn bounds idle keep-alive connections but not a request's header phase:
   a connection whose request headers are not complete `header_timeout_s` after it opened or the
-  request began is closed.
+  request's first byte arrived is closed.
+- **Keep-alive.** A connection idle between requests is closed after `keep_alive_timeout_s` (75 s),
+  well past the clients' own idle expiry (httpx, and so the OpenAI SDKs: 5 s). With equal timeouts a
+  client reuses a connection the moment the server closes it, and its request is lost to a reset.
 - **Header size.** httptools (llhttp) bounds neither the size nor the number of headers: more than
   `max_header_bytes` of request line and headers, or more than `max_header_count` header fields,
   is answered 431 with a JSON error in the route's protocol and the connection is closed, before
@@ -67,6 +70,7 @@ class SluiceHttpProtocol(HttpToolsProtocol):
         self._body_done = True  # the request's body read to its end (or no request begun)
         self._refusal: str | None = None
         self._lingering = False
+        self._kept_alive = False  # idle between requests: the keep-alive timer runs, not the header one
 
     # -- connection ---------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
@@ -116,13 +120,19 @@ class SluiceHttpProtocol(HttpToolsProtocol):
             # as bare CRLFs, would otherwise keep resetting uvicorn's keep-alive timer).
             self._in_head = True
             self._head_raw = 0
-            self._arm()
+            self._disarm()
+            self._arm(self.limits.keep_alive_timeout_s, "keep_alive")
+            self._kept_alive = True
             self.idle.add(self, self._client_key)
 
     # -- the head of a request ----------------------------------------------------------------
     def data_received(self, data: bytes) -> None:
         if self._lingering:  # refused: what follows is dropped unread
             return
+        if self._kept_alive:  # the next request's first bytes: its headers have the header timeout
+            self._kept_alive = False
+            self._disarm()
+            self._arm()
         if self._in_head:
             if self._head_raw > self.limits.max_header_bytes:  # one header still arriving, already too long
                 self._refuse("header_bytes")

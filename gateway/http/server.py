@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import signal
 import socket
 from types import FrameType
@@ -53,7 +54,9 @@ def run(settings: Settings, llm_specs: list[LLMSpec] | None = None) -> int:
                             forwarded_allow_ips=trusted or None, ws="none",
                             http=build_protocol(connection_limits(settings), app.state.sluice.registry,
                                                 raise_fd_limit()),
-                            timeout_keep_alive=5, log_config=logs.uvicorn_log_config(settings.log_format),
+                            # uvicorn's own keep-alive timer a second later: ours closes and counts.
+                            timeout_keep_alive=math.ceil(settings.keep_alive_timeout_s) + 1,
+                            log_config=logs.uvicorn_log_config(settings.log_format),
                             backlog=listen_backlog())
     frontend = frontend_env() is not None
     server = DrainingServer(config, app.state.sluice, settings.drain_timeout_s, frontend)
@@ -75,7 +78,8 @@ def connection_limits(settings: Settings) -> ConnectionLimits:
     limits = ConnectionLimits(settings.header_timeout_s, settings.max_header_bytes, settings.max_header_count,
                               settings.max_idle_connections_per_client, settings.max_idle_connections,
                               settings.stream_write_timeout_s, settings.max_stream_buffer_bytes,
-                              settings.body_timeout_s, settings.max_fresh_connections)
+                              settings.body_timeout_s, settings.max_fresh_connections,
+                              settings.keep_alive_timeout_s)
     return per_process(limits, settings.frontends, raise_fd_limit())
 
 

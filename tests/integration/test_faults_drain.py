@@ -95,7 +95,7 @@ async def test_at_the_deadline_streams_end_with_an_error_and_new_requests_get_50
                                   event_hooks={"response": [_record_client_port]}) as keep_alive:
             with ExitStack() as stack:
                 stream = await _stopped_mid_stream(http, workers, stack)
-                # Opened only now: the server closes a keep-alive connection idle for 5 s, and
+                # Opened only now: the client drops a connection idle for 5 s (httpx's expiry), and
                 # setting the stream up may take longer than that on a busy machine.
                 before = await keep_alive.get("/v1/models")
                 assert before.status_code == 200

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import tritonclient.http as httpclient
 
-from tests.servers import DEFAULT_REPO, LLM_NAME, Server, llm_only_repository, start_server
+from tests.servers import DEFAULT_REPO, LLM_NAME, Server, llm_only_repository, metric_value, start_server
 
 pytestmark = pytest.mark.integration
 
@@ -26,13 +26,17 @@ CHAT = {"model": LLM_NAME, "messages": [{"role": "user", "content": "What is the
         "max_tokens": 6, "temperature": 0}
 
 
+KEEP_ALIVE_S = 6
+
+
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     tmp = tmp_path_factory.mktemp("limits")
     repo = llm_only_repository(tmp)
     shutil.copytree(DEFAULT_REPO / "digits_onnx", repo / "digits_onnx")
     srv = start_server(["--model-repository", str(repo), "--max-body-bytes", str(LIMIT), "--header-timeout-s", "1",
-                        "--body-timeout-s", "1", "--max-inflight-requests", "2"], tmp / "server.log")
+                        "--body-timeout-s", "1", "--max-inflight-requests", "2",
+                        "--keep-alive-timeout-s", str(KEEP_ALIVE_S)], tmp / "server.log")
     yield srv
     srv.stop()
 
@@ -108,6 +112,54 @@ def test_slow_headers_are_cut_off(server: Server) -> None:
                 break
         assert closed, "a client trickling headers kept its connection"
     _still_serves(server)
+
+
+def _answered(s: socket.socket) -> bytes:
+    """One GET /v1/models on the kept-alive socket `s`: its status line."""
+    s.sendall(b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n")
+    reply = b""
+    while b"\r\n\r\n" not in reply or len(reply.partition(b"\r\n\r\n")[2]) < _length(reply):
+        chunk = s.recv(65536)
+        assert chunk, f"closed before the answer was whole: {reply[:200]!r}"
+        reply += chunk
+    return reply.split(b"\r\n", 1)[0]
+
+
+def _length(reply: bytes) -> int:
+    for line in reply.partition(b"\r\n\r\n")[0].split(b"\r\n")[1:]:
+        name, _, value = line.partition(b":")
+        if name.strip().lower() == b"content-length":
+            return int(value)
+    return 0
+
+
+def _closes(server: Server, reason: str) -> float:
+    text = httpx.get(server.url + "/metrics", timeout=30).text
+    return metric_value(text, "sluice_http_connections_closed_total", {"reason": reason}) or 0.0
+
+
+def _closed_by_server(s: socket.socket) -> bool:
+    s.settimeout(60)  # the bounds here are seconds: this only ends a connection that is never closed
+    try:
+        return s.recv(1) == b""
+    except OSError:  # reset: closed with our bytes unread
+        return True
+
+
+def test_a_kept_alive_connection_outlives_the_header_timeout_and_the_next_heads_are_timed(server: Server) -> None:
+    """Idle between requests a connection has the keep-alive timeout (6 s here), not the header
+    timeout (1 s): a client whose own idle expiry is shorter never reuses one the server is closing.
+    The next request's headers have the header timeout from their first byte."""
+    kept, timed = _closes(server, "keep_alive"), _closes(server, "header_timeout")
+    with socket.create_connection(("127.0.0.1", server.http_port), timeout=30) as idle, \
+            socket.create_connection(("127.0.0.1", server.http_port), timeout=30) as trickle:
+        assert _answered(idle) == _answered(trickle) == b"HTTP/1.1 200 OK"
+        time.sleep(2)  # idle past the header timeout, well within the keep-alive one
+        assert _answered(idle) == _answered(trickle) == b"HTTP/1.1 200 OK"  # the same connections serve
+        trickle.sendall(b"GET /v1/models HTTP/1.1\r\nHost: x\r\n")  # a head that never ends
+        assert _closed_by_server(trickle) and _closed_by_server(idle)
+    assert _closes(server, "header_timeout") == timed + 1
+    assert _closes(server, "keep_alive") == kept + 1
 
 
 def test_slow_body_gets_a_clear_error(server: Server) -> None:
