@@ -137,10 +137,14 @@ async def _metrics(url: str) -> dict[str, Any]:
                                                    line[line.index("{") + 1:line.index("}")].split(","))}
             key = f"{labels['cause']}:{labels['outcome']}"
             outcomes[key] = outcomes.get(key, 0.0) + float(line.rsplit(" ", 1)[1])
+    cut: dict[str, float] = {}  # connections the gateway closed on a client, by reason (none expected)
+    for line in text.splitlines():
+        if line.startswith(("sluice_http_connections_closed_total{", "sluice_stream_slow_reader_total{")):
+            cut[line[line.index("{") + 1:line.index("}")]] = float(line.rsplit(" ", 1)[1])
     count = metric_value(text, "sluice_llm_migration_pause_seconds_count", {"model": procs.MODEL}) or 0.0
     total = metric_value(text, "sluice_llm_migration_pause_seconds_sum", {"model": procs.MODEL}) or 0.0
     return {"migrations": outcomes, "pause_s_mean": round(total / count, 4) if count else None,
-            "pauses_counted": count}
+            "pauses_counted": count, "client_connections_cut": cut}
 
 
 def _gaps(values: list[float]) -> dict[str, float | None]:

@@ -19,7 +19,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 async def test_every_stream_completes_when_a_third_of_the_workers_die_mid_run(tmp_path: Path) -> None:
     report = await run_scenario(tmp_path, workers=3, streams=200, kill=1, max_tokens=64, step_s=0.03,
                                 migrate=True, seed=1)
-    assert report["endings"] == {"completed": 200}, report["endings"]
+    assert report["endings"] == {"completed": 200}, (report["endings"], report["gateway"])
     assert len(report["kills"]) == 1
     moved = report["streams_on_killed_workers"]
     assert moved > 0, "no stream was on the killed worker"

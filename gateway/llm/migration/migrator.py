@@ -89,7 +89,7 @@ class Migrator:
         choice.origin, choice.request, choice.current = origin, request, 1
         choice.targets = [replace(first, on_dispatch=None, on_first_token=None, on_finish=None, on_lost=None),
                           *targets]
-        choice.resumed = Resumed(len(point.committed), len(prompt))
+        choice.resumed = Resumed(len(point.committed), len(prompt), point.ahead)
         choice.sent.migrations += 1
         self._count(metrics, model, cause, "resumed", lost_target.name, origin, len(point.committed), targets[0].name)
         return out, "attempt"
@@ -102,7 +102,7 @@ class Migrator:
         if reason is not None:
             return reason
         prompt = sent.worker_prompt or origin.prompt_token_ids
-        point = resume_point(self.tokenizer, prompt, sent, bool(origin.sampling.stop))
+        point = resume_point(self.tokenizer, prompt, sent, bool(origin.sampling.stop), origin.sampling.greedy)
         if isinstance(point, str):
             return point
         if len(point.committed) < len(sent.ids) and origin.sampling.logprobs is not None:

@@ -84,6 +84,9 @@ class Sent:
 class ResumePoint:
     committed: list[int]  # the ids the resume replays after the prompt
     owed: str  # text of those ids the client has not been sent yet
+    # Text the client already has beyond them: the whole characters of a token rolled back for the
+    # incomplete one it ends with (an engine that sends them early); the resumed stream's start drops it.
+    ahead: str = ""
 
 
 def refusal(request: EngineRequest, sent: Sent) -> str | None:
@@ -98,8 +101,10 @@ def refusal(request: EngineRequest, sent: Sent) -> str | None:
     return None
 
 
-def resume_point(tokenizer: Detokenizer, prompt: list[int], sent: Sent, has_stops: bool) -> ResumePoint | str:
-    """The committed ids and the owed text, or why the client's text and the ids disagree."""
+def resume_point(tokenizer: Detokenizer, prompt: list[int], sent: Sent, has_stops: bool,
+                 greedy: bool = True) -> ResumePoint | str:
+    """The committed ids and the owed text, or why the client's text and the ids disagree. `greedy`:
+    the rolled-back tokens are generated again as they were, so text already sent of them is `ahead`."""
     context = prompt_context(tokenizer.decode, prompt)
     base = tokenizer.decode(context)
     text = sent.text()
@@ -114,7 +119,7 @@ def resume_point(tokenizer: Detokenizer, prompt: list[int], sent: Sent, has_stop
     else:
         return "text_mismatch"
     if not decoded.startswith(text):
-        return "text_mismatch"
+        return _ahead_point(tokenizer, context, base, sent, keep, decoded, greedy)
     owed = decoded[len(text):]
     if owed and has_stops:
         # Text held back behind whole tokens may be the start of a stop string the next worker must see:
@@ -124,6 +129,18 @@ def resume_point(tokenizer: Detokenizer, prompt: list[int], sent: Sent, has_stop
                 return ResumePoint(sent.ids[:back], "")
         return "stop_pending"
     return ResumePoint(sent.ids[:keep], owed)
+
+
+def _ahead_point(tokenizer: Detokenizer, context: list[int], base: str, sent: Sent, keep: int, decoded: str,
+                 greedy: bool) -> ResumePoint | str:
+    """Rolled back to `keep` ids (text `decoded`) while the client has more: the whole characters the
+    rolled-back ids decode to before their incomplete one. Only a greedy answer regenerates them as sent."""
+    text = sent.text()
+    whole = _text_after(tokenizer, context, base, sent.ids)
+    if (not greedy or keep == len(sent.ids) or whole is None or not text.startswith(decoded)
+            or not whole.rstrip("\ufffd").startswith(text)):
+        return "text_mismatch"
+    return ResumePoint(sent.ids[:keep], "", text[len(decoded):])
 
 
 def _text_after(tokenizer: Detokenizer, context: list[int], base: str, ids: list[int]) -> str | None:
@@ -161,8 +178,11 @@ class Resumed:
 
     committed: int
     prompt_tokens: int
+    ahead: str = ""  # the client has this text already (`ResumePoint.ahead`): dropped from the start
 
     def adjust(self, delta: Delta) -> Delta:
+        if self.ahead and (delta.text or delta.text_json is not None):
+            self._drop_ahead(delta)
         delta.completion_tokens += self.committed
         delta.prompt_token_ids = None
         if delta.prompt_tokens is not None:
@@ -170,3 +190,12 @@ class Resumed:
             if delta.cached_tokens is not None:
                 delta.cached_tokens = min(delta.cached_tokens, self.prompt_tokens)
         return delta
+
+    def _drop_ahead(self, delta: Delta) -> None:
+        text = delta.text if delta.text_json is None else orjson.loads(b'"' + delta.text_json + b'"')
+        same = next((i for i, (a, b) in enumerate(zip(text, self.ahead, strict=False)) if a != b),
+                    min(len(text), len(self.ahead)))
+        # A greedy answer regenerates the dropped text exactly; were it to differ, what the client
+        # has is kept and the new text goes on after the common part.
+        self.ahead = self.ahead[same:] if same == len(text) else ""
+        delta.text, delta.text_json = text[same:], None

@@ -19,7 +19,8 @@ from tests.gateway.llm.fakes import FakeEngine, Hooks, dispatch, drain, retryabl
 
 # Token id -> bytes of its text. 1..3 are the prompt's; 99 and 100 are the two halves of "é".
 VOCAB = {1: b"<s>", 2: b" Tell", 3: b" me", 10: b" Once", 11: b" upon", 12: b" a", 13: b" time", 14: b",",
-         15: b" there", 16: b" was", 99: "é".encode()[:1], 100: "é".encode()[1:], 0: b""}
+         15: b" there", 16: b" was", 99: "é".encode()[:1], 100: "é".encode()[1:], 0: b"",
+         101: b" " + "é".encode()[:1]}  # a space, then the first byte of "é" (byte-level BPE has such tokens)
 EOS = 0
 
 
@@ -219,6 +220,25 @@ def test_the_tokens_of_a_character_split_at_the_fault_are_generated_again() -> N
     sent.pieces = [" Once"]
     point = resume_point(Detok(), [1, 2, 3], sent, has_stops=False)
     assert not isinstance(point, str) and point.committed == [10] and point.owed == ""
+
+
+async def test_whole_characters_sent_before_a_split_one_are_not_sent_twice() -> None:
+    """An engine that sends the whole characters of a token ahead of its incomplete last one (the space
+    of " \\xc3"): that token is generated again, and the resumed stream drops what the client has."""
+    hooks = Hooks()
+    lost = [*said(10), Delta(text=" ", token_ids=[101], completion_tokens=2), Delta(fault="broken")]
+    again = [Delta(text=" ", token_ids=[101], completion_tokens=1),
+             Delta(text="é", token_ids=[100], completion_tokens=2),
+             Delta(finish_reason="length", completion_tokens=2, prompt_tokens=4)]
+    w1, w2 = FakeEngine("w1", lost), FakeEngine("w2", again)
+    text, deltas = await drain(migrating(hooks, w1, w2, max_tokens=3))
+    assert text == " Once é" and w2.seen[0].prompt_token_ids == [1, 2, 3, 10]
+    assert deltas[-1].finish_reason == "length" and deltas[-1].completion_tokens == 3
+    # Sampled, the token might not come again as it was: the client's space could not be taken back.
+    sent = Sent()
+    for delta in lost[:-1]:
+        sent.add(delta, 0.0)
+    assert resume_point(Detok(), [1, 2, 3], sent, has_stops=False, greedy=False) == "text_mismatch"
 
 
 def test_text_held_back_behind_whole_tokens_is_owed_unless_a_stop_string_may_be_pending() -> None:
