@@ -8,7 +8,7 @@ HTTP_PORT ?= 8000
 GRPC_PORT ?= 8001
 PYTEST_ARGS ?=
 
-.PHONY: serve test venv vllm-venv checkov-venv apt npm models lint clean bench smoke-multinode smoke-ray image image-tools image-test
+.PHONY: serve test test-deps venv vllm-venv checkov-venv apt npm models lint clean bench smoke-multinode smoke-ray image image-tools image-test
 
 venv:
 	@scripts/ensure_venv.sh
@@ -34,7 +34,12 @@ models: venv
 serve: venv models
 	$(PY) -m gateway.cli serve --host $(HOST) --http-port $(HTTP_PORT) --grpc-port $(GRPC_PORT) --model-repository model_repository
 
-test: venv apt npm models vllm-venv checkov-venv
+# Everything the suite needs, prepared in parallel: on a fresh machine the venvs download and unpack
+# side by side (each step is a no-op once its cache entry is complete).
+test-deps:
+	@$(MAKE) --no-print-directory -j4 --output-sync=target venv apt npm models vllm-venv checkov-venv
+
+test: test-deps
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 # The loopback smoke test of the TensorRT-LLM launch across nodes: the generated leader/worker scripts
