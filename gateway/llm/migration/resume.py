@@ -77,7 +77,13 @@ class Sent:
             self.worker_prompt = delta.prompt_token_ids
 
     def text(self) -> str:
-        return "".join(p if isinstance(p, str) else orjson.loads(b'"' + p + b'"') for p in self.pieces)
+        return "".join(p if isinstance(p, str) else json_text(p) for p in self.pieces)
+
+
+def json_text(body: bytes) -> str:
+    """The text of a JSON string body (`Delta.text_json`: no quotes, as orjson writes it)."""
+    text: str = orjson.loads(b'"' + body + b'"')
+    return text
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,7 +125,7 @@ def resume_point(tokenizer: Detokenizer, prompt: list[int], sent: Sent, has_stop
     else:
         return "text_mismatch"
     if not decoded.startswith(text):
-        return _ahead_point(tokenizer, context, base, sent, keep, decoded, greedy)
+        return _ahead_point(tokenizer, context, base, sent, text, keep, decoded, greedy)
     owed = decoded[len(text):]
     if owed and has_stops:
         # Text held back behind whole tokens may be the start of a stop string the next worker must see:
@@ -131,11 +137,11 @@ def resume_point(tokenizer: Detokenizer, prompt: list[int], sent: Sent, has_stop
     return ResumePoint(sent.ids[:keep], owed)
 
 
-def _ahead_point(tokenizer: Detokenizer, context: list[int], base: str, sent: Sent, keep: int, decoded: str,
-                 greedy: bool) -> ResumePoint | str:
+def _ahead_point(tokenizer: Detokenizer, context: list[int], base: str, sent: Sent, text: str, keep: int,
+                 decoded: str, greedy: bool) -> ResumePoint | str:
     """Rolled back to `keep` ids (text `decoded`) while the client has more: the whole characters the
-    rolled-back ids decode to before their incomplete one. Only a greedy answer regenerates them as sent."""
-    text = sent.text()
+    rolled-back ids decode to before their incomplete one (the client's `text`). Only a greedy answer
+    regenerates them as sent."""
     whole = _text_after(tokenizer, context, base, sent.ids)
     if (not greedy or keep == len(sent.ids) or whole is None or not text.startswith(decoded)
             or not whole.rstrip("\ufffd").startswith(text)):
@@ -192,7 +198,7 @@ class Resumed:
         return delta
 
     def _drop_ahead(self, delta: Delta) -> None:
-        text = delta.text if delta.text_json is None else orjson.loads(b'"' + delta.text_json + b'"')
+        text = delta.text if delta.text_json is None else json_text(delta.text_json)
         same = next((i for i, (a, b) in enumerate(zip(text, self.ahead, strict=False)) if a != b),
                     min(len(text), len(self.ahead)))
         # A greedy answer regenerates the dropped text exactly; were it to differ, what the client
