@@ -7,6 +7,9 @@ HOST ?= 0.0.0.0
 HTTP_PORT ?= 8000
 GRPC_PORT ?= 8001
 PYTEST_ARGS ?=
+# pytest-xdist workers for `make test`: one per core, 2 to 4 (the suite waits on servers as much as it
+# computes); TEST_WORKERS=0 runs it in one process. tests/conftest.py groups and orders the work.
+TEST_WORKERS ?= $(shell n=$$(nproc); echo $$(( n < 2 ? 2 : n > 4 ? 4 : n )))
 
 .PHONY: serve test test-deps venv vllm-venv checkov-venv apt npm models lint clean bench smoke-multinode smoke-ray image image-tools image-test
 
@@ -40,7 +43,7 @@ test-deps:
 	@$(MAKE) --no-print-directory -j4 --output-sync=target venv apt npm models vllm-venv checkov-venv
 
 test: test-deps
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder $(PYTEST_ARGS)
 
 # The loopback smoke test of the TensorRT-LLM launch across nodes: the generated leader/worker scripts
 # with Debian's Open MPI and sshd, 2 ranks of the trtllm-serve stand-in (as root; ~15 s, also in `make test`).
