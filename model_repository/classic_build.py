@@ -34,6 +34,7 @@ def build_all(repo_dir: Path, cache_dir: Path) -> None:
             builder(tmp)
             os.replace(tmp, cached)  # atomic: a concurrent or interrupted build never leaves half a file
         _install(cached, repo_dir / name / "1" / "model.onnx")
+    install_ocr(repo_dir)
     # The CNN goes where the repository declares it (a test repository without it trains nothing).
     targets = {"digits_cnn": "model.onnx", "digits_cnn_pt": "model.pt"}
     wanted = {name: file for name, file in targets.items() if (repo_dir / name / "config.pbtxt").exists()}
@@ -41,6 +42,27 @@ def build_all(repo_dir: Path, cache_dir: Path) -> None:
         built = cnn_artifacts(cache_dir)
         for name, file in wanted.items():
             _install(built[file], repo_dir / name / "1" / file)
+
+
+# The OCR pipeline's networks, as the rapidocr-onnxruntime wheel ships them (requirements-models.txt).
+OCR_MODELS = {"ocr_det": "ch_PP-OCRv4_det_infer.onnx", "ocr_cls": "ch_ppocr_mobile_v2.0_cls_infer.onnx",
+              "ocr_rec": "ch_PP-OCRv4_rec_infer.onnx"}
+
+
+def install_ocr(repo_dir: Path) -> None:
+    """Copy the OCR networks into the repository's ocr_* models that declare them."""
+    wanted = {name: file for name, file in OCR_MODELS.items() if (repo_dir / name / "config.pbtxt").exists()}
+    if not wanted:
+        return
+    import importlib.util
+
+    spec = importlib.util.find_spec("rapidocr_onnxruntime")
+    if spec is None or spec.origin is None:
+        raise RuntimeError("the OCR models come from the rapidocr-onnxruntime wheel: run `make venv`")
+    source = Path(spec.origin).parent / "models"
+    for name, file in wanted.items():
+        _install(source / file, repo_dir / name / "1" / "model.onnx")
+    print(f"OCR models: {', '.join(sorted(wanted))} from {source}", flush=True)
 
 
 def cnn_artifacts(cache_dir: Path) -> dict[str, Path]:

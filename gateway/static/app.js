@@ -1,13 +1,14 @@
-// The page's entry point: tabs, the API-key panel, and the two tabs' controllers.
+// The page's entry point: tabs, the API-key panel, and the tabs' controllers.
 
 import { apiKey, onUnauthorized, setApiKey } from "./api.js";
 import { Chat } from "./chat.js";
 import { Classic } from "./classic.js";
+import { Ocr } from "./ocr.js";
 
 const $ = (id) => document.getElementById(id);
 
 function tabs() {
-  const pairs = [["tab-chat", "panel-chat"], ["tab-classic", "panel-classic"]];
+  const pairs = [["tab-chat", "panel-chat"], ["tab-classic", "panel-classic"], ["tab-ocr", "panel-ocr"]];
   for (const [tab, panel] of pairs) {
     $(tab).addEventListener("click", () => {
       for (const [t, p] of pairs) {
@@ -46,6 +47,7 @@ function keyPanel(chat) {
 
 const chat = new Chat();
 new Classic();
+new Ocr();
 tabs();
 keyPanel(chat);
 chat.loadModels();

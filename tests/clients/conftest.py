@@ -1,6 +1,6 @@
 """One gateway for the client tests (the browser page, the openai npm package, examples/):
-the default LLM on the in-process engine plus the digits ensemble and its steps, HTTP and
-gRPC. And one headless Chromium for every page test."""
+the default LLM on the in-process engine plus the digits ensemble, the OCR pipeline and their
+steps, HTTP and gRPC. And one headless Chromium for every page test."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import pytest
 from playwright.sync_api import Browser
 
 from tests.clients.browser import DESKTOP, Tab, chromium
+from tests.integration.ocr_support import ocr_repository
 from tests.servers import DEFAULT_REPO, Server, llm_only_repository, start_server
 
 DIGITS_MODELS = ("digits_ensemble", "digits_preprocess", "digits_onnx", "digits_postprocess")
@@ -22,6 +23,7 @@ def ui_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     repo = llm_only_repository(tmp)
     for name in DIGITS_MODELS:
         shutil.copytree(DEFAULT_REPO / name, repo / name)
+    ocr_repository(repo)
     server = start_server(["--model-repository", str(repo)], tmp / "server.log", grpc=True)
     yield server
     server.stop()

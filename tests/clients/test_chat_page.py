@@ -55,7 +55,7 @@ def test_page_and_assets_are_served_with_a_strict_csp(ui_server: Server) -> None
     assert "script-src 'self'" in csp and "connect-src 'self'" in csp and "default-src 'none'" in csp
     assets = re.findall(r'(?:src|href)="(ui/[\w.-]+)"', page.text)
     assert {"ui/app.js", "ui/style.css"} <= set(assets)
-    for name in ("app.js", "api.js", "chat.js", "markdown.js", "classic.js", "digits.js"):
+    for name in ("app.js", "api.js", "chat.js", "markdown.js", "classic.js", "digits.js", "ocr.js"):
         r = httpx.get(f"{ui_server.url}/ui/{name}")
         assert r.status_code == 200 and r.headers["content-type"].startswith("text/javascript"), name
     missing = httpx.get(ui_server.url + "/ui/..%2Fui.py")

@@ -36,6 +36,14 @@ if TYPE_CHECKING:
 
 sys.modules.setdefault("triton_python_backend_utils", pb_utils)
 _module_ids = itertools.count()
+# A model's `TritonError(message, code)` keeps its meaning (INVALID_ARG is the client's fault: a 400);
+# UNKNOWN and INTERNAL are the server's.
+_ERROR_KINDS = {pb_utils.TritonError.NOT_FOUND: ErrorKind.NOT_FOUND,
+                pb_utils.TritonError.INVALID_ARG: ErrorKind.INVALID_ARG,
+                pb_utils.TritonError.UNAVAILABLE: ErrorKind.UNAVAILABLE,
+                pb_utils.TritonError.UNSUPPORTED: ErrorKind.UNSUPPORTED,
+                pb_utils.TritonError.ALREADY_EXISTS: ErrorKind.ALREADY_EXISTS,
+                pb_utils.TritonError.CANCELLED: ErrorKind.CANCELLED}
 
 
 @contextlib.contextmanager
@@ -145,7 +153,8 @@ class TritonPythonBackend(base.Backend):
         results: list[dict[str, np.ndarray] | InferError] = []
         for req, resp in zip(requests, responses, strict=True):
             if resp.has_error():
-                results.append(InferError(resp.error().message(), ErrorKind.INTERNAL))
+                error = resp.error()
+                results.append(InferError(error.message(), _ERROR_KINDS.get(error.code(), ErrorKind.INTERNAL)))
                 continue
             produced = {t.name(): t.as_numpy() for t in resp.output_tensors()}
             wanted = req.outputs if req.outputs is not None else list(produced)
