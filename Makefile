@@ -43,7 +43,7 @@ test-deps:
 	@$(MAKE) --no-print-directory -j4 --output-sync=target venv apt npm models vllm-venv checkov-venv
 
 test: test-deps
-	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder $(PYTEST_ARGS)
 
 # The loopback smoke test of the TensorRT-LLM launch across nodes: the generated leader/worker scripts
 # with Debian's Open MPI and sshd, 2 ranks of the trtllm-serve stand-in (as root; ~15 s, also in `make test`).

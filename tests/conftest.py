@@ -14,6 +14,7 @@ import faulthandler
 import signal
 import sys
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -44,13 +45,21 @@ server_guard.install()
 http_timeouts.install()
 
 
-# Rank of a module's work, costliest first: the modules on the session's shared vLLM pair (one unit),
-# then those starting their own vLLM workers or marked slow, then other servers, then unit tests.
+# The tests on the session's shared pair of vLLM workers: one unit of work, so one xdist worker starts the pair.
+SHARED_VLLM_DIR = "tests/integration/vllm_pair/"
+# Rank of a module's work, costliest first: the shared vLLM pair's folder, then modules starting their own
+# vLLM workers or marked slow, then other servers, then unit tests.
 _SHARED_VLLM, _OWN_VLLM, _SERVERS, _UNIT = range(4)
 
 
-def _rank(items: list[pytest.Item]) -> int:
-    if any("workers" in item.fixturenames and item.get_closest_marker("vllm") for item in items):
+def _unit(nodeid: str) -> str:
+    """A test's unit of work under xdist: its module, or the shared vLLM pair's folder."""
+    path = nodeid.split("::", 1)[0]
+    return SHARED_VLLM_DIR if path.startswith(SHARED_VLLM_DIR) else path
+
+
+def _rank(unit: str, items: list[pytest.Item]) -> int:
+    if unit == SHARED_VLLM_DIR:
         return _SHARED_VLLM
     if any(item.get_closest_marker("vllm") or item.get_closest_marker("slow") for item in items):
         return _OWN_VLLM
@@ -58,20 +67,32 @@ def _rank(items: list[pytest.Item]) -> int:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Each test module is one unit of work for pytest-xdist's `loadgroup` (its module-scoped
-    servers start once, in one worker), and all modules on the shared vLLM pair (`workers` in
-    tests/integration/conftest.py) are one unit, so one worker starts that pair. Units run costliest
-    first (`_rank`, a stable sort), so the long ones do not start last and leave a worker idle.
-    Without xdist the order is the same and the marks do nothing."""
-    modules: dict[str, list[pytest.Item]] = {}
+    """Units of work (`_unit`) run costliest first (`_rank`, a stable sort), so under xdist the long
+    ones do not start last and leave a worker idle; without xdist the order is the same. A test on the
+    shared vLLM pair outside its folder is refused: another xdist worker would start a second pair."""
+    units: dict[str, list[pytest.Item]] = {}
     for item in items:
-        modules.setdefault(item.nodeid.split("::", 1)[0], []).append(item)
-    rank = {path: _rank(module) for path, module in modules.items()}
-    for path, module in modules.items():
-        group = "shared-vllm-pair" if rank[path] == _SHARED_VLLM else path
-        for item in module:
-            item.add_marker(pytest.mark.xdist_group(group))
-    items.sort(key=lambda item: rank[item.nodeid.split("::", 1)[0]])
+        units.setdefault(_unit(item.nodeid), []).append(item)
+        if "workers" in item.fixturenames and _unit(item.nodeid) != SHARED_VLLM_DIR and item.get_closest_marker("vllm"):
+            raise pytest.UsageError(f"{item.nodeid} uses the shared vLLM pair: move it under {SHARED_VLLM_DIR}")
+    rank = {unit: _rank(unit, unit_items) for unit, unit_items in units.items()}
+    items.sort(key=lambda item: rank[_unit(item.nodeid)])
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """With `--dist loadscope` (make test): each module is one unit of work, so its module-scoped
+    servers start once, in one worker; the shared vLLM pair's folder is one unit. (xdist's own
+    `loadgroup` marks do nothing under pytest 9, which no longer derives a node id from `_nodeid`.)"""
+    if config.getvalue("dist") != "loadscope":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ModuleScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return _unit(nodeid)
+
+    return ModuleScheduling(config, log)
 
 
 @pytest.hookimpl(hookwrapper=True)

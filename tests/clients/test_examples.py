@@ -1,5 +1,5 @@
 """Every example in examples/ runs against a live gateway and prints what it should (the vLLM
-tool-call example runs in tests/integration/test_examples_vllm.py, against vLLM workers)."""
+tool-call example runs in tests/integration/vllm_pair/test_examples_vllm.py, against vLLM workers)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """The gateway's store of responses: bounds, expiry and who may read a record (no Redis here;
-tests/integration/test_redis_replicas.py shares records through a real one)."""
+tests/integration/vllm_pair/test_redis_replicas.py shares records through a real one)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """The SIM worker (`sluice worker --engine sim`) binds its --host alone and requires its worker key,
-as the vLLM workers do (tests/integration/test_worker_security_vllm.py); and a worker with no key
+as the vLLM workers do (tests/integration/vllm_pair/test_worker_security_vllm.py); and a worker with no key
 refuses to start on an address other machines can reach."""
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 A stand-in because tests must lose chosen messages, empty the replay buffer, restart
 the sequence and send malformed batches on demand, which a real vLLM cannot be told to
-do; tests/integration/test_vllm_kv_replay.py checks replay against a real one.
+do; tests/integration/vllm_pair/test_vllm_kv_replay.py checks replay against a real one.
 It speaks vLLM's wire protocol: multipart [topic, seq (8 bytes big-endian), msgpack
 EventBatch] on PUB, and a ROUTER replay socket answering [b"", start_seq] with one reply
 per batch and then an end marker with seq -1: [b"", topic, seq, payload] as vLLM 0.32

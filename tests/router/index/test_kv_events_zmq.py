@@ -2,7 +2,7 @@
 
 The stand-in (tests/standins/vllm_kv_publisher.py) can lose chosen messages, empty its
 replay buffer and restart the sequence on demand, which a real vLLM cannot be told to
-do; tests/integration/test_vllm_kv_replay.py checks replay against a real one.
+do; tests/integration/vllm_pair/test_vllm_kv_replay.py checks replay against a real one.
 """
 
 from __future__ import annotations

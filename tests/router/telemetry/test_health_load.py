@@ -72,7 +72,7 @@ def test_load_tracker_lifecycle():
 
 # Two engines (data-parallel ranks) in one exposition, to check the sums: the single-engine
 # test workers cannot produce that. A real worker's exposition is parsed in
-# tests/integration/test_vllm_metrics_health.py.
+# tests/integration/vllm_pair/test_vllm_metrics_health.py.
 VLLM_METRICS = """\
 # HELP vllm:num_requests_running Number of requests in model execution batches.
 # TYPE vllm:num_requests_running gauge

@@ -2,7 +2,7 @@
 
 TRT-LLM needs an NVIDIA GPU, so its event drain is exercised against a stand-in
 of trtllm-serve's `/kv_cache_events`. The vLLM /metrics and /health steps are
-tested against a real vLLM in tests/integration/test_vllm_metrics_health.py;
+tested against a real vLLM in tests/integration/vllm_pair/test_vllm_metrics_health.py;
 here only their error answers are.
 """
 
@@ -82,7 +82,7 @@ async def test_trtllm_poller_falls_back_to_get():
 
 
 async def test_health_is_false_for_error_answers_and_refused_connections():
-    # A real vLLM answers /health 200 (tests/integration/test_vllm_metrics_health.py); only
+    # A real vLLM answers /health 200 (tests/integration/vllm_pair/test_vllm_metrics_health.py); only
     # a mock can answer 503 on demand. Refusal is real: nothing listens on the port.
     def unhealthy(request: httpx.Request) -> httpx.Response:
         return httpx.Response(503)

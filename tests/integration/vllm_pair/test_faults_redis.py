@@ -20,7 +20,7 @@ import pytest
 import redis
 
 from tests.integration.conftest import BLOCK, Worker
-from tests.integration.test_redis_replicas import _approx_gateway, _chat, _continue, _opening
+from tests.integration.vllm_pair.test_redis_replicas import _approx_gateway, _chat, _continue, _opening
 from tests.servers import Server, free_port, metric_value
 
 pytestmark = [
