@@ -179,6 +179,11 @@ def _classic_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--python-model-user", metavar="USER",
                    help="run every python model in its own process as this unprivileged user; the server "
                         "must run as root [none: isolated models run as the server's user]")
+    p.add_argument("--rate-limit", choices=["off", "execution_count"],
+                   help="Triton's rate limiter: an instance runs a batch only holding the resources its "
+                        "instance group's rate_limiter names [off]")
+    p.add_argument("--rate-limit-resource", dest="rate_limit_resources", action="append", metavar="NAME:COUNT",
+                   help="what the server has of a rate-limiter resource (repeatable) [the most one instance asks]")
     p.add_argument("--grpc-max-message-bytes", type=int, help="KServe gRPC message size, each way [64 MiB]")
     p.add_argument("--grpc-max-concurrent-rpcs", type=int, help="KServe gRPC RPCs in progress at once [1024]")
     p.add_argument("--grpc-max-stream-inflight", type=int,

@@ -15,6 +15,7 @@ from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from engines.classic.execution.backends.sandbox import resolve_user
+from engines.classic.execution.rate_limiter import parse_resources
 from engines.classic.limits import ClassicLimits
 from engines.classic.manager import CONTROL_MODES
 from engines.launchers.registration import WorkerRecord
@@ -151,6 +152,8 @@ class Settings(BaseSettings):
     classic_execute_timeout_s: float = Field(default=ClassicLimits().execute_timeout_s, ge=0.0, allow_inf_nan=False)
     # Run every python model in its own process as this unprivileged user (the server must run as root).
     python_model_user: str | None = None
+    rate_limit: str = "off"  # Triton's rate limiter: off, or execution_count
+    rate_limit_resources: list[str] = Field(default_factory=list, max_length=64)  # NAME:COUNT
     grpc_max_message_bytes: int = Field(default=64 * 1024 * 1024, ge=1024, le=2**31 - 1)  # each way
     grpc_max_concurrent_rpcs: int = Field(default=1024, ge=1)  # RPCs in progress at once, streams included
     grpc_max_stream_inflight: int = Field(default=128, ge=1)  # requests of one ModelStreamInfer stream
@@ -195,6 +198,9 @@ class Settings(BaseSettings):
             require_client()
         if self.python_model_user is not None:
             resolve_user(self.python_model_user)  # unknown, privileged, or the server is not root: refused now
+        if self.rate_limit not in ("off", "execution_count"):
+            raise ValueError(f"rate limit must be off or execution_count, got {self.rate_limit!r}")
+        parse_resources(self.rate_limit_resources)
         if self.frontends > 1:
             self._frontends_allowed()
         return self
@@ -262,7 +268,8 @@ class Settings(BaseSettings):
 
     def classic_limits(self) -> ClassicLimits:
         return ClassicLimits(self.classic_max_queue_size, self.classic_max_tensor_elements,
-                             self.classic_execute_timeout_s, self.python_model_user)
+                             self.classic_execute_timeout_s, self.python_model_user,
+                             self.rate_limit == "execution_count", parse_resources(self.rate_limit_resources))
 
     def static_worker_records(self) -> list[WorkerRecord]:
         """The workers named by `--worker [NAME=]URL` (named worker-<index> by default) and `--workers-file`."""

@@ -34,6 +34,9 @@ class ClassicLimits:
     # Not a bound, but handed to every model version the same way: with a user, every python model runs
     # in its own process as that user (--python-model-user; checked at start-up by the settings).
     python_model_user: str | None = None
+    # Triton's rate limiter (--rate-limit execution_count) and what the server has of each resource.
+    rate_limit: bool = False
+    rate_limit_resources: tuple[tuple[str, int], ...] = ()
 
     def __post_init__(self) -> None:
         if self.max_queue_size < 1:

@@ -12,9 +12,8 @@ Entry points used by the gateway (and by BLS calls and ensembles):
   latest ready version. Raises `InferError` whose `.kind` maps to the protocol
   status (NOT_FOUND, INVALID_ARG, UNAVAILABLE for a full queue or a timeout...).
   The KServe edges look a model up once (`get_version`) and run on it (`ModelVersion.infer`).
-- Repository extension: `repository_index()`, `await load(name, config_json,
-  files)`, `await unload(name)`, allowed in "explicit" control mode; `files`
-  (code the client sent) only with `allow_uploads`.
+- Repository extension: `repository_index()`, `await load(name, config_json, files)`,
+  `await unload(name)`, in "explicit" control mode; `files` (code sent) only with `allow_uploads`.
 - Every entry point refuses a name that is not a plain model name (`names.py`).
 - `llm_model_configs()`: models with backend "llm", served by the LLM path.
 """
@@ -31,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from engines.classic.errors import ConfigError, InferError, invalid, not_found, unavailable
+from engines.classic.execution.rate_limiter import RateLimiter
 from engines.classic.limits import ClassicLimits
 from engines.classic.loading import ModelEntry, load_versions, parse_override, read_config
 from engines.classic.model import ModelVersion
@@ -61,6 +61,7 @@ class ModelRepositoryManager:
         self.startup_models = list(startup_models)
         self.poll_interval_s = poll_interval_s
         self.limits = limits or ClassicLimits()
+        self.rate_limiter = RateLimiter(dict(self.limits.rate_limit_resources)) if self.limits.rate_limit else None
         # A load's `file:` parameters are code the client sent, run at load: only when the operator opts in.
         self.allow_uploads = allow_uploads
         self._uploading = asyncio.Lock()  # one upload (stage, load, commit or roll back) at a time

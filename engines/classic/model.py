@@ -13,6 +13,7 @@ from engines import heap
 from engines.classic.errors import InferError
 from engines.classic.execution.backends import Backend, create_instance
 from engines.classic.execution.instances import InstancePool
+from engines.classic.execution.rate_limiter import RateLimiter, requirements
 from engines.classic.limits import ClassicLimits, execute_timeout_s, isolation
 from engines.classic.proto import ModelConfig
 from engines.classic.request import InferRequest, RequestSpec
@@ -57,9 +58,19 @@ class ModelVersion:
             return create_instance(config, version_dir, index, host, limit_s if isolated else None,
                                    limits.python_model_user)
 
+        limiter: RateLimiter | None = getattr(host, "rate_limiter", None)
+        needs = requirements(config, source)
+        if limiter is not None and any(needs):
+            limiter.register((config.name, version_dir.name), [n for n in needs if n is not None], source)
         pool = InstancePool(config.name, factory, limit_s, on_change=lambda: None)
-        await pool.start(instance_count(config))
-        scheduler = Scheduler(config, pool, stats, limits.max_queue_size)
+        try:
+            await pool.start(instance_count(config))
+        except BaseException:
+            if limiter is not None:
+                limiter.unregister((config.name, version_dir.name))
+            raise
+        scheduler = Scheduler(config, pool, stats, limits.max_queue_size,
+                              limiter if any(needs) else None, needs, version_dir.name)
         scheduler.start()
         return cls(config, version_dir.name, scheduler, None, stats, limits)
 

@@ -105,6 +105,10 @@ class InstancePool:
     def take(self) -> Slot | None:
         return self._free.pop() if self._free else None
 
+    def peek(self) -> Slot | None:
+        """The slot `take` would return, left free."""
+        return self._free[-1] if self._free else None
+
     def launch(self, slot: Slot, requests: list[InferRequest], on_done: Callable[[Outcome], None]) -> None:
         """Execute one batch on the slot's thread; `on_done(outcome)` runs on the loop exactly once: when
         the batch returns (the slot is free again by then), or at the time limit (the instance abandoned).

@@ -10,6 +10,9 @@ futures, the queue and the instances:
   delay deadline and at the earliest queue timeout, so timed-out requests are
   rejected even while every instance is busy. It is an `engines.supervision.BackgroundTask`:
   if it dies, the requests it held fail with INTERNAL and it restarts (counted in `restarts`).
+- With the rate limiter on (engines/classic/execution/rate_limiter.py), an instance's batch is formed
+  only once the limiter grants the resources its instance group names; what it held is given back
+  when the batch returns.
 - Each batch runs on its instance's own thread (or on the loop, when the instance's gate
   finds it cheaper than the hop: engines/classic/execution/inline.py) and resolves every one of its
   requests, whatever the backend does.
@@ -30,6 +33,7 @@ import numpy as np
 
 from engines.classic.errors import InferError, unavailable
 from engines.classic.execution.instances import InstancePool, Outcome, Result, Slot
+from engines.classic.execution.rate_limiter import RateLimiter, Requirement
 from engines.classic.execution.threads import describe
 from engines.classic.proto import ModelConfig
 from engines.classic.request import InferRequest
@@ -55,8 +59,13 @@ class _Pending:
 
 class Scheduler:
     def __init__(self, config: ModelConfig, pool: InstancePool, stats: ModelStats,
-                 default_max_queue_size: int = 0) -> None:
+                 default_max_queue_size: int = 0, limiter: RateLimiter | None = None,
+                 needs: list[Requirement | None] | None = None, version: str = "") -> None:
         self._name = config.name
+        self._limiter = limiter
+        self._needs = needs or [None]  # per instance index: what the rate limiter must grant
+        self._version = version
+        self._asking = False  # this model version is in the rate limiter's line
         self._queue = BatchQueue(BatcherConfig.from_model_config(config, default_max_queue_size))
         self._pool = pool
         self._stats = stats
@@ -126,14 +135,42 @@ class Scheduler:
                                   REJECTED)
             wait_until = None
             while self._pool.has_free:
+                slot = self._pool.peek()
+                assert slot is not None  # has_free was just checked, with no await in between
+                go, need = self._granted(slot)
+                if not go:
+                    break
                 decision = self._queue.form_batch(now_ns)
                 if not decision.entries:
                     wait_until = decision.wait_until_ns
+                    if need is not None and self._limiter is not None:
+                        self._limiter.release(need)  # unused, so the turn is not charged
                     break
-                slot = self._pool.take()
-                assert slot is not None  # has_free was just checked, with no await in between
-                self._launch(slot, [e.item for e in decision.entries], now_ns)
+                self._pool.take()
+                if need is not None and self._limiter is not None:
+                    self._limiter.charge(self._key, need)
+                self._launch(slot, [e.item for e in decision.entries], now_ns, need)
             await self._sleep([d for d in (wait_until, self._queue.next_deadline_ns()) if d is not None])
+
+    @property
+    def _key(self) -> tuple[str, str]:
+        """This model version in the rate limiter's books: its turns are counted per version, whichever
+        instance runs them."""
+        return self._name, self._version
+
+    def _granted(self, slot: Slot) -> tuple[bool, Requirement | None]:
+        """Whether `slot` may form a batch now, and the resources the limiter granted it for that batch
+        (None: it needs none)."""
+        need = self._needs[min(slot.index, len(self._needs) - 1)]
+        if self._limiter is None or need is None:
+            return True, None
+        if not len(self._queue):
+            if self._asking:
+                self._limiter.withdraw(self._key)  # nothing is queued: out of the line
+                self._asking = False
+            return False, None
+        self._asking = not self._limiter.acquire(self._key, need, self._wake)
+        return (False, None) if self._asking else (True, need)
 
     async def _sleep(self, deadlines_ns: list[int]) -> None:
         """Wait for a wake-up or the earliest deadline (clamped: a deadline far away is not a float overflow)."""
@@ -161,10 +198,13 @@ class Scheduler:
         for entry in self._queue.remove(lambda e: True):
             self._finish(entry.item, error, None, reason)
 
-    def _launch(self, slot: Slot, items: list[_Pending], start_ns: int) -> None:
+    def _launch(self, slot: Slot, items: list[_Pending], start_ns: int, need: Requirement | None = None) -> None:
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._batches.add(done)
         done.add_done_callback(self._batches.discard)
+        if need is not None and self._limiter is not None:
+            limiter = self._limiter
+            done.add_done_callback(lambda _: limiter.release(need))
         requests = [p.request for p in items]
         self._pool.launch(slot, requests, lambda outcome: self._completed(items, requests, outcome, start_ns, done))
 
@@ -203,6 +243,9 @@ class Scheduler:
         """Reject queued requests, let running batches finish (within `_CLOSE_GRACE_S`), release instances."""
         self._closed = True
         await self._driver.stop()
+        if self._limiter is not None:
+            self._limiter.unregister(self._key)
+            self._asking = False
         self._fail_queued(unavailable("model is being unloaded"), REJECTED)
         if self._batches:
             await asyncio.wait(list(self._batches), timeout=_CLOSE_GRACE_S)
