@@ -20,7 +20,8 @@ that the served pipeline answers what `rapidocr_onnxruntime.RapidOCR` answers on
   greedy CTC decoding; lines scoring under 0.5 are dropped (`TEXT_SCORE`).
 
 The pipeline differs from RapidOCR's only where RapidOCR is wrong: resize ratios compose when an image
-is both shrunk and grown (RapidOCR keeps the last), and an image with alpha is laid on white.
+is both shrunk and grown (RapidOCR keeps the last), an image with alpha is laid on white, and a
+photo's EXIF orientation is applied (as browsers show it; RapidOCR reads the raw pixels).
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from dataclasses import dataclass
 import cv2
 import numpy as np
 import pyclipper
-from PIL import Image
+from PIL import Image, ImageOps
 from shapely.geometry import Polygon
 
 MAX_SIDE, MIN_SIDE = 2000, 30
@@ -45,6 +46,7 @@ REC_HEIGHT, REC_MIN_WIDTH, REC_GROUP = 48, 320, 6
 TEXT_SCORE = 0.5
 MAX_IMAGE_BYTES = 16 << 20
 MAX_PIXELS = 40_000_000
+FORMATS = ("PNG", "JPEG", "WEBP", "BMP", "GIF", "TIFF")  # what PIL may try (not every format it knows)
 
 
 class ImageError(ValueError):
@@ -75,10 +77,11 @@ def decode(data: bytes) -> np.ndarray:
     if len(data) > MAX_IMAGE_BYTES:
         raise ImageError(f"the image is {len(data)} bytes; at most {MAX_IMAGE_BYTES} are read")
     try:
-        image = Image.open(io.BytesIO(data))
+        image = Image.open(io.BytesIO(data), formats=FORMATS)
         if image.width * image.height > MAX_PIXELS:
             raise ImageError(f"the image is {image.width}x{image.height} px; at most {MAX_PIXELS} px are read")
         image.load()
+        image = ImageOps.exif_transpose(image)  # a phone's photo, upright as a browser shows it
     except ImageError:
         raise
     except Exception as exc:  # PIL raises many kinds for a bad file

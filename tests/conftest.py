@@ -5,7 +5,8 @@ And the rule that only tests marked `integration` start servers (tests/server_gu
 httpx's module-level calls without a timeout of their own get a patient one (tests/http_timeouts.py).
 
 And the order and grouping of work when pytest-xdist runs the suite (`make test`: `-n` workers,
-`--dist loadgroup --no-loadscopereorder`): see `pytest_collection_modifyitems`."""
+`--dist loadscope --no-loadscope-reorder`): see `pytest_collection_modifyitems` and
+`pytest_xdist_make_scheduler`; and the longer time bound of vLLM tests."""
 
 from __future__ import annotations
 
@@ -47,6 +48,9 @@ http_timeouts.install()
 
 # The tests on the session's shared pair of vLLM workers: one unit of work, so one xdist worker starts the pair.
 SHARED_VLLM_DIR = "tests/integration/vllm_pair/"
+# A vLLM test's bound (its setup may start vLLM workers: up to STARTUP_TIMEOUT_S each, vllm_support.py),
+# above pytest-timeout's 300 s for the rest.
+VLLM_TIMEOUT_S = 1200
 # Rank of a module's work, costliest first: the shared vLLM pair's folder, then modules starting their own
 # vLLM workers or marked slow, then other servers, then unit tests.
 _SHARED_VLLM, _OWN_VLLM, _SERVERS, _UNIT = range(4)
@@ -69,12 +73,15 @@ def _rank(unit: str, items: list[pytest.Item]) -> int:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Units of work (`_unit`) run costliest first (`_rank`, a stable sort), so under xdist the long
     ones do not start last and leave a worker idle; without xdist the order is the same. A test on the
-    shared vLLM pair outside its folder is refused: another xdist worker would start a second pair."""
+    shared vLLM pair outside its folder is refused: another xdist worker would start a second pair.
+    vLLM tests get VLLM_TIMEOUT_S unless they set their own."""
     units: dict[str, list[pytest.Item]] = {}
     for item in items:
         units.setdefault(_unit(item.nodeid), []).append(item)
         if "workers" in item.fixturenames and _unit(item.nodeid) != SHARED_VLLM_DIR and item.get_closest_marker("vllm"):
             raise pytest.UsageError(f"{item.nodeid} uses the shared vLLM pair: move it under {SHARED_VLLM_DIR}")
+        if item.get_closest_marker("vllm") and not item.get_closest_marker("timeout"):
+            item.add_marker(pytest.mark.timeout(VLLM_TIMEOUT_S))
     rank = {unit: _rank(unit, unit_items) for unit, unit_items in units.items()}
     items.sort(key=lambda item: rank[_unit(item.nodeid)])
 

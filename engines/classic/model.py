@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,8 @@ from engines.classic.scheduling.ensemble import EnsembleRunner
 from engines.classic.scheduling.scheduler import Scheduler
 from engines.classic.stats import BACKEND, CANCELED, OTHER, REJECTED, ModelStats
 from engines.errors import ErrorKind
+
+_loads = itertools.count()
 
 
 def instance_count(config: ModelConfig) -> int:
@@ -60,17 +63,18 @@ class ModelVersion:
 
         limiter: RateLimiter | None = getattr(host, "rate_limiter", None)
         needs = requirements(config, source)
+        key = (config.name, version_dir.name, next(_loads))  # a reload is another entry in the limiter's books
         if limiter is not None and any(needs):
-            limiter.register((config.name, version_dir.name), [n for n in needs if n is not None], source)
+            limiter.register(key, [n for n in needs if n is not None], source)
         pool = InstancePool(config.name, factory, limit_s, on_change=lambda: None)
         try:
             await pool.start(instance_count(config))
         except BaseException:
             if limiter is not None:
-                limiter.unregister((config.name, version_dir.name))
+                limiter.unregister(key)
             raise
         scheduler = Scheduler(config, pool, stats, limits.max_queue_size,
-                              limiter if any(needs) else None, needs, version_dir.name)
+                              limiter if any(needs) else None, needs, key)
         scheduler.start()
         return cls(config, version_dir.name, scheduler, None, stats, limits)
 

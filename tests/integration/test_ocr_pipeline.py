@@ -7,6 +7,7 @@ tritonclient over HTTP (binary tensors) and gRPC.
 - Single-line images sent together meet in the recogniser's batches (its statistics show executions
   of more than one crop, so crops of different requests), and each answer equals, bit for bit, the
   answer to the same image sent alone.
+- A page of more lines than the recogniser's batch holds is read whole (its crops go in several calls).
 - A bad image is the client's error, in KServe's format: a 400 over HTTP, INVALID_ARGUMENT over gRPC.
 """
 
@@ -73,6 +74,15 @@ def test_rendered_text_is_read_as_rapidocr_reads_it(server: Server, references: 
         read = " ".join(text for _, text, _ in answer)
         assert cer(page.truth, read) < 0.05, f"read {read!r} for {page.truth!r}"
         assert answer == reference, f"differs from RapidOCR on {page.truth!r}"
+
+
+def test_a_page_of_more_lines_than_a_batch_holds_is_read_whole(server: Server) -> None:
+    """40 lines: more crops than ocr_cls's and ocr_rec's max_batch_size (32), so several BLS calls."""
+    page = Page(tuple(f"line {i} of the page" for i in range(1, 41)), (736, 1250), font_px=18, seed=5)
+    client = httpclient.InferenceServerClient(f"127.0.0.1:{server.http_port}", network_timeout=300)
+    answer = _read(client, httpclient, page.png())
+    read = " ".join(text.strip() for _, text, _ in answer)  # small print: the recogniser adds a leading space
+    assert len(answer) == 40 and cer(page.truth, read) < 0.05, read
 
 
 def _rec_batches(server: Server) -> dict[int, int]:

@@ -17,9 +17,10 @@ wording: "1/2 the number of scheduling chances"). Triton counts turns per instan
 counted per model version, whichever of its instances runs (its dynamic batcher is one line), so a
 model with more instances gets more concurrency when resources allow, not more turns. A model
 that has been idle starts from the virtual time of the latest grant, not from its own old one, so it
-cannot take a run of turns on waking. A grant
-goes to the earliest waiter whose resources are free; a later one whose resources are also free goes
-only when the earlier cannot use them. Everything runs on the event loop: no locks.
+cannot take a run of turns on waking. A grant goes to the earliest waiter; a later one that shares a
+resource with it waits behind it even when what it needs is free, so the resources drain to a model
+that needs more than the others (many small ones cannot starve it); models with no resource in
+common do not wait for each other. Everything runs on the event loop: no locks.
 
 The driver of a model version (engines/classic/scheduling/scheduler.py) asks before forming a
 batch (`acquire`), gives back what it did not use (`release`), is woken by `wake` when a turn may be
@@ -109,7 +110,10 @@ class RateLimiter:
             self._idle.discard(key)
             self._vtime[key] = max(self._vtime.get(key, 0.0), self._clock)
         mine = self._vtime.get(key, 0.0)
-        ahead = any(self._vtime.get(k, 0.0) < mine and self._fits(w.requirement)
+        # An earlier waiter for any of the same resources goes first, even one that does not fit yet:
+        # the resources drain to it, so a model needing more than the others is not starved by them.
+        wanted = {name for name, _ in requirement.resources}
+        ahead = any(self._vtime.get(k, 0.0) < mine and wanted & {name for name, _ in w.requirement.resources}
                     for k, w in self._waiting.items() if k != key)
         if ahead or not self._fits(requirement):
             self._waiting[key] = _Waiter(requirement, wake)

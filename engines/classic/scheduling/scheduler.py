@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Hashable
 from dataclasses import dataclass
 
 import numpy as np
@@ -60,12 +61,12 @@ class _Pending:
 class Scheduler:
     def __init__(self, config: ModelConfig, pool: InstancePool, stats: ModelStats,
                  default_max_queue_size: int = 0, limiter: RateLimiter | None = None,
-                 needs: list[Requirement | None] | None = None, version: str = "") -> None:
+                 needs: list[Requirement | None] | None = None, limit_key: Hashable = None) -> None:
         self._name = config.name
         self._limiter = limiter
         self._needs = needs or [None]  # per instance index: what the rate limiter must grant
-        self._version = version
-        self._asking = False  # this model version is in the rate limiter's line
+        # This model version in the limiter's books (unique per load: a reload is a new version there).
+        self._limit_key = limit_key
         self._queue = BatchQueue(BatcherConfig.from_model_config(config, default_max_queue_size))
         self._pool = pool
         self._stats = stats
@@ -140,37 +141,43 @@ class Scheduler:
                 go, need = self._granted(slot)
                 if not go:
                     break
-                decision = self._queue.form_batch(now_ns)
-                if not decision.entries:
-                    wait_until = decision.wait_until_ns
+                try:
+                    launched, wait_until = self._form_and_launch(slot, need, now_ns)
+                except BaseException:
                     if need is not None and self._limiter is not None:
-                        self._limiter.release(need)  # unused, so the turn is not charged
+                        self._limiter.release(need)  # the driver dies: what it was granted goes back
+                    raise
+                if not launched:
                     break
-                self._pool.take()
-                if need is not None and self._limiter is not None:
-                    self._limiter.charge(self._key, need)
-                self._launch(slot, [e.item for e in decision.entries], now_ns, need)
             await self._sleep([d for d in (wait_until, self._queue.next_deadline_ns()) if d is not None])
 
-    @property
-    def _key(self) -> tuple[str, str]:
-        """This model version in the rate limiter's books: its turns are counted per version, whichever
-        instance runs them."""
-        return self._name, self._version
+    def _form_and_launch(self, slot: Slot, need: Requirement | None, now_ns: int) -> tuple[bool, int | None]:
+        """Form a batch and run it on `slot` (True), or give the grant back and say when one is due."""
+        decision = self._queue.form_batch(now_ns)
+        if not decision.entries:
+            if need is not None and self._limiter is not None:
+                self._limiter.release(need)  # unused, so the turn is not charged
+            return False, decision.wait_until_ns
+        self._pool.take()
+        if need is not None and self._limiter is not None:
+            self._limiter.charge(self._limit_key, need)
+        self._launch(slot, [e.item for e in decision.entries], now_ns, need)
+        return True, None
 
     def _granted(self, slot: Slot) -> tuple[bool, Requirement | None]:
         """Whether `slot` may form a batch now, and the resources the limiter granted it for that batch
-        (None: it needs none)."""
-        need = self._needs[min(slot.index, len(self._needs) - 1)]
-        if self._limiter is None or need is None:
+        (None: it needs none). Its turns are counted per model version, whichever instance runs them."""
+        if self._limiter is None:
             return True, None
         if not len(self._queue):
-            if self._asking:
-                self._limiter.withdraw(self._key)  # nothing is queued: out of the line
-                self._asking = False
+            self._limiter.withdraw(self._limit_key)  # nothing queued: out of the line, and idle
             return False, None
-        self._asking = not self._limiter.acquire(self._key, need, self._wake)
-        return (False, None) if self._asking else (True, need)
+        need = self._needs[min(slot.index, len(self._needs) - 1)]
+        if need is None:
+            return True, None
+        if self._limiter.acquire(self._limit_key, need, self._wake):
+            return True, need
+        return False, None
 
     async def _sleep(self, deadlines_ns: list[int]) -> None:
         """Wait for a wake-up or the earliest deadline (clamped: a deadline far away is not a float overflow)."""
@@ -244,8 +251,7 @@ class Scheduler:
         self._closed = True
         await self._driver.stop()
         if self._limiter is not None:
-            self._limiter.unregister(self._key)
-            self._asking = False
+            self._limiter.unregister(self._limit_key)
         self._fail_queued(unavailable("model is being unloaded"), REJECTED)
         if self._batches:
             await asyncio.wait(list(self._batches), timeout=_CLOSE_GRACE_S)

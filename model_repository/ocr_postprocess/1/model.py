@@ -14,6 +14,7 @@ from model_repository import ocr_pipeline as ocr
 
 CLS_MODEL, CLS_OUTPUT = "ocr_cls", "save_infer_model/scale_0.tmp_1"
 REC_MODEL, REC_OUTPUT = "ocr_rec", "softmax_11.tmp_0"
+MAX_ROWS = 32  # ocr_cls's and ocr_rec's max_batch_size: a page of more lines goes in several calls
 
 
 class TritonPythonModel:
@@ -26,6 +27,9 @@ class TritonPythonModel:
     def _one(self, request):
         prob_map = pb_utils.get_input_tensor_by_name(request, "PROB_MAP").as_numpy()
         fitted = pb_utils.get_input_tensor_by_name(request, "FITTED").as_numpy()
+        if fitted.ndim != 3 or fitted.shape[2] != 3 or min(fitted.shape[:2]) < 1:
+            return pb_utils.InferenceResponse(error=pb_utils.TritonError(
+                f"FITTED must be an [H, W, 3] image, got shape {list(fitted.shape)}", pb_utils.TritonError.INVALID_ARG))
         geometry = ocr.Geometry.from_array(pb_utils.get_input_tensor_by_name(request, "GEOMETRY").as_numpy())
         found = ocr.boxes(prob_map, *fitted.shape[:2])
         lines = self._read([ocr.crop(fitted, box) for box in found]) if found else []
@@ -53,12 +57,15 @@ class TritonPythonModel:
 
 
 def _call(model, x, output):
-    """One BLS call of `model` on input `x`; its error, if any, becomes this request's."""
-    response = pb_utils.InferenceRequest(model_name=model, requested_output_names=[output],
-                                         inputs=[pb_utils.Tensor("x", x)]).exec()
-    if response.has_error():
-        raise pb_utils.TritonModelException(f"{model}: {response.error().message()}")
-    return pb_utils.get_output_tensor_by_name(response, output).as_numpy()
+    """BLS calls of `model` on input `x`, MAX_ROWS rows at a time; an error becomes this request's."""
+    parts = []
+    for start in range(0, len(x), MAX_ROWS):
+        response = pb_utils.InferenceRequest(model_name=model, requested_output_names=[output],
+                                             inputs=[pb_utils.Tensor("x", x[start:start + MAX_ROWS])]).exec()
+        if response.has_error():
+            raise pb_utils.TritonModelException(f"{model}: {response.error().message()}")
+        parts.append(pb_utils.get_output_tensor_by_name(response, output).as_numpy())
+    return np.concatenate(parts) if len(parts) > 1 else parts[0]
 
 
 def _metadata(model_dir):

@@ -150,3 +150,33 @@ def test_the_server_flags_reach_the_manager_and_bad_ones_are_refused(tmp_path: P
     for bad in ({"rate_limit": "always"}, {"rate_limit_resources": ["cpu:2:0"]}):
         with pytest.raises(ValidationError):
             Settings(**bad)
+
+
+def test_a_model_needing_more_is_not_starved_by_many_small_ones() -> None:
+    limiter = RateLimiter({"R": 2})
+    big, small = Requirement((("R", 2),)), ONE_R
+    limiter.register("m", [big, small], "test")
+    assert limiter.acquire("s1", small, lambda: None) and limiter.acquire("s2", small, lambda: None)
+    limiter.charge("s1", small)
+    limiter.charge("s2", small)
+    assert not limiter.acquire("big", big, lambda: None)  # both units held
+    limiter.release(small)  # s1 done; it has more work, but big waits for this unit's company
+    assert not limiter.acquire("s1", small, lambda: None)
+    limiter.release(small)
+    assert limiter.acquire("big", big, lambda: None)
+
+
+async def test_a_reloaded_model_keeps_its_resources(tmp_path: Path) -> None:
+    repo = tmp_path / "repo"
+    _sleepy(repo, "only", 1)  # the one model naming R: R's capacity comes from it alone
+    manager = ModelRepositoryManager(repo, control_mode="explicit", startup_models=["only"],
+                                     limits=ClassicLimits(rate_limit=True))
+    await manager.start()
+    try:
+        x = {"X": np.zeros((1, 1), np.float32)}
+        await manager.infer("only", "", x)
+        await manager.load("only")  # the new version registers before the old one unregisters
+        assert manager.rate_limiter is not None and manager.rate_limiter.capacity("R") == 1
+        await asyncio.wait_for(manager.infer("only", "", x), 30)
+    finally:
+        await manager.stop()
