@@ -157,7 +157,7 @@ def _queue_us(target: Target) -> dict[str, tuple[int, int]]:
 
 
 def run_case(name: str, repo: Path, root: Path, rows: dict[str, np.ndarray], args: argparse.Namespace,
-             extra: list[str]) -> dict[str, Any]:
+             extra: list[str], page_header: int) -> dict[str, Any]:
     target = start_sluice(root, repo, ROOT, 1, *extra)
     try:
         bodies = root / "bodies.npz"
@@ -176,7 +176,7 @@ def run_case(name: str, repo: Path, root: Path, rows: dict[str, np.ndarray], arg
         snaps.append(_queue_us(target))
         burst_start = time.perf_counter() - t0
         page = root / "ocr.http.bin"
-        env = {**os.environ, "SLUICE_WRK_BODY": str(page), "SLUICE_WRK_HEADER_LENGTH": str(page_header(page))}
+        env = {**os.environ, "SLUICE_WRK_BODY": str(page), "SLUICE_WRK_HEADER_LENGTH": str(page_header)}
         wrk = subprocess.run(["wrk", "-t", "2", "-c", str(args.burst_c), "-d", f"{args.burst_s}s", "--timeout", "60s",
                               "-s", str(LUA), f"http://{target.http}/v2/models/ocr/infer"],
                              env=env, capture_output=True, text=True, check=True).stdout
@@ -187,10 +187,6 @@ def run_case(name: str, repo: Path, root: Path, rows: dict[str, np.ndarray], arg
         return summarise_case(name, records, snaps, (burst_start, burst_end), wrk)
     finally:
         target.stop()
-
-
-def page_header(path: Path) -> int:
-    return int(path.with_suffix(".len").read_text())
 
 
 def summarise_case(name: str, records: list, snaps: list, burst: tuple[float, float], wrk: str) -> dict[str, Any]:
@@ -271,11 +267,10 @@ def main() -> None:
         header = json.dumps({"inputs": [{"name": "IMAGE", "shape": [1], "datatype": "BYTES",
                                          "parameters": {"binary_data_size": len(page) + 4}}]}).encode()
         (root / "ocr.http.bin").write_bytes(header + len(page).to_bytes(4, "little") + page)
-        (root / "ocr.http.len").write_text(str(len(header)))
         load0 = load_average()
-        cases = [run_case("no limiter", repo, root, rows, args, []),
+        cases = [run_case("no limiter", repo, root, rows, args, [], len(header)),
                  run_case("rate limiter", limited_copy(repo, root), root, rows, args,
-                          ["--rate-limit", "execution_count", "--rate-limit-resource", "heavy:1"])]
+                          ["--rate-limit", "execution_count", "--rate-limit-resource", "heavy:1"], len(header))]
         report = {"benchmark": "mixed box: steady fraud_gb, recommender and digits_cnn while ocr bursts, "
                                "without and with the rate limiter",
                   "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),

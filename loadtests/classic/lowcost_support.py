@@ -4,15 +4,13 @@ pipeline in-process (the limit), the summary and the plot."""
 from __future__ import annotations
 
 import json
-import threading
-import time
 from pathlib import Path
 from typing import Any
 
 import httpx
 import numpy as np
 
-from loadtests.classic.servers import MODELS, Target
+from loadtests.classic.servers import MODELS, Target, threaded_latencies
 
 OCR = "ocr"
 OCR_OUTPUTS = ("BOXES", "TEXTS", "SCORES")
@@ -111,24 +109,9 @@ def inprocess_ocr(repo: Path, page: bytes, levels: list[int], duration_s: float)
 
     out = []
     for c in levels:
-        latencies: list[list[float]] = [[] for _ in range(c)]
-        deadline = time.perf_counter() + duration_s
-
-        def loop(i: int, deadline: float = deadline, latencies: list = latencies) -> None:
-            while time.perf_counter() < deadline:
-                t0 = time.perf_counter()
-                read()
-                latencies[i].append(time.perf_counter() - t0)
-
-        threads = [threading.Thread(target=loop, args=(i,)) for i in range(c)]
-        t0 = time.perf_counter()
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        lat = np.sort(np.concatenate([np.asarray(x) for x in latencies])) * 1000
-        n = len(lat)
-        out.append({"concurrency": c, "throughput_rps": round(n / (time.perf_counter() - t0), 2),
+        lat, elapsed = threaded_latencies(lambda _: read(), c, duration_s)
+        lat, n = lat * 1000, len(lat)
+        out.append({"concurrency": c, "throughput_rps": round(n / elapsed, 2),
                     "p50_ms": round(float(lat[n // 2]), 1), "p99_ms": round(float(lat[min(n - 1, int(0.99 * n))]), 1)})
     print(f"in-process ocr: {out}", flush=True)
     return {"by_concurrency": out}

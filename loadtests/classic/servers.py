@@ -17,6 +17,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -194,6 +195,31 @@ def load_average() -> list[float]:
     return [round(x, 2) for x in os.getloadavg()]
 
 
+def threaded_latencies(call: Callable[[int], object], threads: int, duration_s: float,
+                       max_calls: int | None = None) -> tuple[np.ndarray, float]:
+    """`call(n)` from `threads` threads in a closed loop for `duration_s` (at most `max_calls` in all);
+    thread i passes n = i, i + 1, ... Returns the sorted latencies (s) and the elapsed time (s)."""
+    done, lat = [0], [[] for _ in range(threads)]
+    deadline = time.perf_counter() + duration_s
+
+    def loop(i: int) -> None:
+        n = i
+        while time.perf_counter() < deadline and (max_calls is None or done[0] < max_calls):
+            t0 = time.perf_counter()
+            call(n)
+            lat[i].append(time.perf_counter() - t0)
+            done[0] += 1
+            n += 1
+
+    workers = [threading.Thread(target=loop, args=(i,)) for i in range(threads)]
+    t0 = time.perf_counter()
+    for t in workers:
+        t.start()
+    for t in workers:
+        t.join()
+    return np.sort(np.concatenate([np.asarray(x) for x in lat])), time.perf_counter() - t0
+
+
 def inprocess_limit(path: Path, spec: dict[str, Any], xs: np.ndarray, args: Any) -> dict[str, Any]:
     """onnxruntime alone: one session with one thread; single rows from N threads, and rows/s by batch size."""
     import onnxruntime as ort
@@ -205,26 +231,10 @@ def inprocess_limit(path: Path, spec: dict[str, Any], xs: np.ndarray, args: Any)
     feed, out = spec["input"], [spec["output"]]
     by_concurrency = []
     for c in args.concurrency:
-        done, lat = [0], [[] for _ in range(c)]
-        deadline = time.perf_counter() + min(args.duration_s, 2.0)
-
-        def loop(i: int, lat: list = lat, done: list = done, deadline: float = deadline) -> None:
-            n = i
-            while time.perf_counter() < deadline and done[0] < args.max_requests:
-                t0 = time.perf_counter()
-                session.run(out, {feed: xs[n % len(xs)][None]})
-                lat[i].append(time.perf_counter() - t0)
-                done[0] += 1
-                n += 1
-        threads = [threading.Thread(target=loop, args=(i,)) for i in range(c)]
-        t0 = time.perf_counter()
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        flat = np.sort(np.concatenate([np.asarray(x) for x in lat]))
-        by_concurrency.append({"concurrency": c, "throughput_rps": round(len(flat) / (time.perf_counter() - t0), 1),
-                               "p50_ms": round(float(flat[len(flat) // 2]) * 1000, 4)})
+        lat, elapsed = threaded_latencies(lambda n: session.run(out, {feed: xs[n % len(xs)][None]}), c,
+                                          min(args.duration_s, 2.0), args.max_requests)
+        by_concurrency.append({"concurrency": c, "throughput_rps": round(len(lat) / elapsed, 1),
+                               "p50_ms": round(float(lat[len(lat) // 2]) * 1000, 4)})
     by_batch = []
     for bs in (1, 2, 4, 8, 16, 32, 64):
         batch = np.ascontiguousarray(np.resize(xs, (bs, *xs.shape[1:])))
