@@ -76,10 +76,11 @@ bench: venv models
 
 # The gates .ci/run passes before the tests: ruff, mypy (strict for gateway/, router/ and engines/),
 # import-linter (gateway -> router -> engines, no cycles), the module/function size limits, and
-# the repository paths and modules the docs name.
+# the repository paths and modules the docs name. mypy's cache lives in $(SLUICE_CACHE), one per deps venv
+# (a fresh clone checks in seconds what takes 80 s cold; mypy rechecks a file whose contents changed).
 lint: venv
 	$(PY) -m ruff check .
-	$(PY) -m mypy
+	$(PY) -m mypy --cache-dir "$(SLUICE_CACHE)/mypy/$$(basename "$$(readlink -f .venv)")"
 	$(PY) -c 'import sys; from importlinter.cli import lint_imports_command; sys.exit(lint_imports_command())' --no-cache
 	$(PY) scripts/check_sizes.py
 	$(PY) scripts/check_doc_paths.py
