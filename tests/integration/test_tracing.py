@@ -21,7 +21,14 @@ from dataclasses import dataclass
 import httpx
 import pytest
 
-from tests.integration.vllm_support import ROOT, free_port_pair, stop_process, tiny_llama_dir, vllm_python, wait_healthy
+from tests.integration.vllm_support import (
+    ROOT,
+    free_port_pair,
+    stop_process,
+    tiny_llama_dir,
+    vllm_env,
+    wait_healthy,
+)
 from tests.otlp_receiver import OtlpReceiver, ReceivedSpan
 from tests.servers import Server, start_server
 
@@ -46,8 +53,7 @@ def _launch(engine: str, name: str, port: int, kv_port: int, gateway: str, otlp:
     common = ["--model", str(tiny_llama_dir()), "--served-model-name", MODEL, "--port", str(port),
               "--kv-events-port", str(kv_port), "--gateway", gateway, "--name", name]
     if engine == "vllm":
-        env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1", SLUICE_VLLM_PYTHON=vllm_python(),
-                   OTEL_EXPORTER_OTLP_TRACES_PROTOCOL="http/protobuf", **FAST_EXPORT)
+        env = vllm_env(OTEL_EXPORTER_OTLP_TRACES_PROTOCOL="http/protobuf", **FAST_EXPORT)
         argv = [sys.executable, "-m", "engines.launchers", "--engine", "vllm", *common, "--max-model-len", "1024",
                 "--", "--otlp-traces-endpoint", otlp]
     else:

@@ -3,7 +3,6 @@ vLLM (CPU), registered with a gateway and answering the OpenAI SDK through it.""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import time
@@ -13,18 +12,18 @@ import httpx
 import openai
 import pytest
 
-from tests.integration.vllm_support import free_port_pair, stop_process, vllm_python, wait_healthy
+from tests.integration.vllm_support import free_port_pair, stop_process, vllm_env, vllm_python, wait_healthy
 from tests.servers import LLM_NAME, ROOT, start_server
 
 pytestmark = [pytest.mark.integration, pytest.mark.vllm]
 
 
 def test_default_model_on_vllm_behind_the_gateway(tmp_path: Path) -> None:
-    python = vllm_python()
+    vllm_python()  # skips without the vLLM venv, before a gateway is started
     (tmp_path / "repo").mkdir()
     gateway = start_server(["--model-repository", str(tmp_path / "repo")], tmp_path / "gateway.log")
     port, kv_port = free_port_pair(), free_port_pair()
-    env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1", SLUICE_VLLM_PYTHON=python)
+    env = vllm_env()
     proc = subprocess.Popen(
         [sys.executable, "-m", "gateway.cli", "worker", "--engine", "vllm", "--model", LLM_NAME,
          "--port", str(port), "--kv-events-port", str(kv_port), "--max-model-len", "2048",

